@@ -1,0 +1,22 @@
+"""The algorithm core: flat buffers, the communicator and the update rules, with no Lightning.
+
+tests/test_core_is_pure.py enforces that nothing here imports Lightning, so the rules can be
+used from any training loop and tested in milliseconds with a fake communicator.
+"""
+
+from lightning_cocod.core.averaging import CoCoDRound, GradientPipeline, average_blocking
+from lightning_cocod.core.comm import Communicator, Handle, TorchDistCommunicator
+from lightning_cocod.core.flat import FlatBuffer
+from lightning_cocod.core.stats import CommStats, RoundRecord
+
+__all__ = [
+    "CoCoDRound",
+    "CommStats",
+    "Communicator",
+    "FlatBuffer",
+    "GradientPipeline",
+    "Handle",
+    "RoundRecord",
+    "TorchDistCommunicator",
+    "average_blocking",
+]

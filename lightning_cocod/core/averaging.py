@@ -1,0 +1,128 @@
+"""The update rules, over plain tensors and a communicator (no Lightning here).
+
+CoCoD-SGD (Shen et al., IJCAI 2019, arXiv:1906.12043), one round on worker i:
+    begin:   snap_i <- x_i;  start the all-reduce  avg <- sum_j p_j snap_j   (p_j = 1/N by default)
+             ... tau local optimizer steps run while it is in flight ...
+    finish:  wait;  x_i <- avg + (x_i - snap_i)
+Local-SGD averages the live model, blocking. Pipe-SGD all-reduces gradients one step stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lightning_cocod.core.comm import Communicator, Handle
+from lightning_cocod.core.flat import FlatBuffer
+
+
+class CoCoDRound:
+    """A round in two verbs, ``begin`` and ``finish``, over persistent flat buffers.
+
+    Memory: two flat copies of the tensors (the snapshot, and the buffer the all-reduce works
+    in). The live tensors are never all-reduced: they change during the round.
+    """
+
+    def __init__(self, tensors: Sequence[Tensor], comm: Communicator, weight: float | None = None) -> None:
+        self.tensors = list(tensors)
+        self.comm = comm
+        self.weight = weight
+        self.snapshot = FlatBuffer(self.tensors)
+        self.average = FlatBuffer(self.tensors)
+        self.handle: Handle | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.handle is not None
+
+    @property
+    def nbytes(self) -> int:
+        return self.average.nbytes
+
+    def begin(self) -> Handle:
+        if self.handle is not None:
+            raise RuntimeError("CoCoDRound.begin() called while the previous round is still pending")
+        self.snapshot.pack(self.tensors)
+        self.average.copy_(self.snapshot)
+        self.handle = self.comm.start_mean(self.average.buckets, self.weight)
+        return self.handle
+
+    def finish(self) -> Handle:
+        if self.handle is None:
+            raise RuntimeError("CoCoDRound.finish() called with no round pending")
+        handle, self.handle = self.handle, None
+        handle.wait()
+        # x + (avg - snap) rather than avg + (x - snap): the correction is exactly zero when the
+        # average equals the snapshot, so one worker (or a first round from identical models)
+        # leaves x bit for bit as plain SGD would.
+        for average, snapshot in zip(self.average.buckets, self.snapshot.buckets, strict=True):
+            average.sub_(snapshot)
+        torch._foreach_add_(self.tensors, self.average.views)
+        return handle
+
+
+def average_blocking(
+    tensors: Sequence[Tensor], scratch: FlatBuffer, comm: Communicator, weight: float | None = None
+) -> Handle:
+    """x_i <- sum_j p_j x_j, waiting for the result (Local-SGD's step, and every consistency point)."""
+    scratch.pack(tensors)
+    handle = comm.start_mean(scratch.buckets, weight)
+    handle.wait()
+    scratch.unpack(tensors)
+    return handle
+
+
+class GradientPipeline:
+    """Pipe-SGD with a pipeline of width two: the update at step t uses the mean gradient of step t-1.
+
+    ``exchange`` runs after backward: it launches this step's gradients and puts the previous
+    step's mean gradients into ``.grad`` for the optimizer. Two flat buffers alternate so the
+    launch never waits for the previous all-reduce.
+    """
+
+    def __init__(self, params: Sequence[Tensor], comm: Communicator) -> None:
+        self.params = list(params)
+        self.comm = comm
+        self.buffers = (FlatBuffer(self.params), FlatBuffer(self.params))
+        self.handle: Handle | None = None
+        self._flip = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffers[0].nbytes
+
+    def exchange(self) -> tuple[Handle, Handle | None]:
+        """Returns (launched now, waited on now); the latter is None on the first step."""
+        outgoing = self.buffers[self._flip]
+        # A parameter that got no gradient this step contributes zeros, so every rank's
+        # collective has the same size whatever its data did.
+        torch._foreach_copy_(outgoing.views, [_grad_or_zeros(p) for p in self.params])
+        launched = self.comm.start_mean(outgoing.buckets)
+        previous, self.handle = self.handle, launched
+        self._flip ^= 1
+        if previous is None:
+            # First step: there is no mean gradient yet. Dropping the gradients makes torch's
+            # optimizers skip every parameter (no update, no weight decay, no momentum).
+            for p in self.params:
+                p.grad = None
+            return launched, None
+        previous.wait()
+        incoming = self.buffers[self._flip]
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+        torch._foreach_copy_([p.grad for p in self.params], incoming.views)
+        return launched, previous
+
+    def drain(self) -> Handle | None:
+        """Wait for the last launched gradients, which no step will apply (end of training)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.wait()
+        return handle
+
+
+def _grad_or_zeros(param: Tensor) -> Tensor:
+    return param.grad if param.grad is not None else torch.zeros_like(param)

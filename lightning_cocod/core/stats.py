@@ -1,0 +1,59 @@
+"""What each communication round cost, and how much of it was hidden behind compute."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    launch_step: int  # optimizer steps completed when the collective was launched
+    finish_step: int  # optimizer steps completed when it was waited on
+    comm_seconds: float  # launch to completion
+    exposed_seconds: float  # time blocked waiting for it
+    nbytes: int  # payload of the collective (what each rank contributes)
+
+    @property
+    def hidden_fraction(self) -> float:
+        if self.comm_seconds <= 0.0:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_seconds / self.comm_seconds))
+
+
+@dataclass
+class CommStats:
+    """Per-round records plus running totals; benchmarks read it as ``strategy.comm_stats``."""
+
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    def add(self, record: RoundRecord) -> None:
+        self.rounds.append(record)
+
+    @property
+    def comm_seconds(self) -> float:
+        return sum(r.comm_seconds for r in self.rounds)
+
+    @property
+    def exposed_seconds(self) -> float:
+        return sum(r.exposed_seconds for r in self.rounds)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.rounds)
+
+    @property
+    def hidden_fraction(self) -> float:
+        total = self.comm_seconds
+        return 1.0 if total <= 0.0 else min(1.0, max(0.0, 1.0 - self.exposed_seconds / total))
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "rounds": len(self.rounds),
+            "comm_seconds": self.comm_seconds,
+            "exposed_seconds": self.exposed_seconds,
+            "bytes": self.nbytes,
+            "hidden_fraction": self.hidden_fraction,
+        }
+
+    def to_json(self) -> dict:
+        return {"summary": self.summary(), "rounds": [asdict(r) for r in self.rounds]}

@@ -1,0 +1,300 @@
+"""What every strategy of ours shares: a DDPStrategy without the DDP wrapper.
+
+Each worker keeps its own model; a subclass decides what to communicate around each optimizer
+step (``_before_step`` / ``_after_step`` / ``_exchange``) and what is in flight (``_flush``).
+The base does the rest once: the initial broadcast, the dedicated process group, the
+consistency points (evaluation on the averaged model, a sync before a checkpoint, identical
+weights when fit ends), instrumentation, argument checks and registration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.overrides.distributed import _sync_module_states
+from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.trainer.states import TrainerFn
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_cocod.core import CommStats, Communicator, FlatBuffer, Handle, RoundRecord, average_blocking
+from lightning_cocod.core.comm import TorchDistCommunicator
+from lightning_cocod.strategies.logging import CommStatsLogger
+
+# torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
+_DEFAULT_TIMEOUT = timedelta(seconds=1800)
+
+# DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build.
+_DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+
+
+class SyncStrategyBase(DDPStrategy):
+    """Base of CoCoD-SGD, Local-SGD and Pipe-SGD. Not registered itself.
+
+    Decisions (see the reference notes):
+    - momentum and all other optimizer state stay local to each worker;
+    - floating-point buffers (BatchNorm running stats) go through the same averaging as the
+      parameters when ``average_buffers`` (integer buffers such as num_batches_tracked stay local);
+    - validation and test see the average of the workers' models, then the live weights return,
+      so evaluating never changes the training trajectory;
+    - a checkpoint and the end of fit are synchronisation points: pending communication is
+      finished and merged, then every rank takes the average, so any rank's state is the run's.
+    """
+
+    strategy_name: ClassVar[str] = ""
+    strategy_description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        average_buffers: bool = True,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = _DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        **unsupported: Any,
+    ) -> None:
+        name = type(self).__name__
+        if unsupported:
+            bad = ", ".join(f"{k}={v!r}" for k, v in unsupported.items())
+            why = (
+                "they configure DDP's wrapper or comm hooks, which this strategy does not use"
+                if set(unsupported) & set(_DDP_ONLY_OPTIONS)
+                else "it accepts the algorithm's own options plus process_group_backend, timeout, start_method"
+            )
+            raise TypeError(f"{name} got unsupported option(s) {bad}: {why}")
+        if not isinstance(average_buffers, bool):
+            raise TypeError(f"{name}: average_buffers must be True or False, got {average_buffers!r}")
+        if start_method not in ("popen", "spawn", "fork", "forkserver"):
+            raise ValueError(
+                f"{name}: start_method={start_method!r} is not one of 'popen', 'spawn', 'fork', 'forkserver'"
+            )
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
+        self.average_buffers = average_buffers
+        self.comm_stats = CommStats()
+        # This rank's share in every average (sum over ranks = 1); None is the plain mean.
+        self.weight: float | None = None
+        self._comm: Communicator | None = None
+        self._tensors: list[Tensor] = []
+        self._scratch: FlatBuffer | None = None
+        self._steps = 0
+        self._parked_for_eval = False
+
+    # -- set-up -------------------------------------------------------------------------
+
+    @override
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        if self.world_size > 1:
+            self._comm = TorchDistCommunicator.on_new_group(
+                self.root_device, backend=self._process_group_backend, timeout=self._timeout
+            )
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            if len(self.optimizers) != 1:
+                raise ValueError(
+                    f"{type(self).__name__} supports exactly one optimizer, configure_optimizers returned "
+                    f"{len(self.optimizers)}: a round counts the steps of one optimizer"
+                )
+            if not any(isinstance(cb, CommStatsLogger) for cb in trainer.callbacks):
+                trainer.callbacks.insert(0, CommStatsLogger())
+
+    @override
+    def configure_ddp(self) -> None:
+        # No DistributedDataParallel: no per-step gradient all-reduce. DDP's constructor is what
+        # normally broadcasts rank 0's weights, so do that here.
+        assert isinstance(self.model, pl.LightningModule)
+        _sync_module_states(self.model)
+        self._tensors = self._model_tensors()
+        self._steps = 0
+        self.comm_stats = CommStats()
+        if self._comm is not None:
+            self._build(self._tensors)
+
+    def _model_tensors(self) -> list[Tensor]:
+        module = self.lightning_module
+        tensors = [p.detach() for p in module.parameters() if p.requires_grad]
+        if self.average_buffers:
+            tensors += [b.detach() for b in module.buffers() if b.is_floating_point()]
+        return tensors
+
+    def _build(self, tensors: list[Tensor]) -> None:
+        """Allocate what the algorithm needs (flat buffers); called once the model is placed."""
+
+    # -- the step -----------------------------------------------------------------------
+
+    @override
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: pl.LightningModule | torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if self._comm is None:  # one worker: plain local SGD, nothing to talk to
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        with torch.no_grad():
+            self._before_step()
+
+        def closure_then_exchange() -> Any:
+            result = closure()
+            with torch.no_grad():
+                self._exchange()
+            return result
+
+        output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)
+        self._steps += 1
+        with torch.no_grad():
+            self._after_step()
+        return output
+
+    def _before_step(self) -> None:
+        """Before forward/backward of an optimizer step."""
+
+    def _exchange(self) -> None:
+        """After backward, before the optimizer applies the gradients."""
+
+    def _after_step(self) -> None:
+        """After the optimizer step; ``self._steps`` already counts it."""
+
+    def _flush(self) -> None:
+        """Finish whatever is in flight so the weights are this algorithm's current state."""
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def _average_now(self) -> Handle:
+        """Blocking weighted average of the model tensors, in place on every rank."""
+        assert self._comm is not None
+        if self._scratch is None:
+            self._scratch = FlatBuffer(self._tensors)
+        return average_blocking(self._tensors, self._scratch, self._comm, self.weight)
+
+    def _record(self, handle: Handle, launch_step: int, nbytes: int) -> None:
+        self.comm_stats.add(
+            RoundRecord(launch_step, self._steps, handle.comm_seconds, handle.exposed_seconds, nbytes)
+        )
+
+    # -- consistency points ----------------------------------------------------------------
+
+    def _sync_point(self) -> None:
+        if self._comm is None or not self._tensors:
+            return
+        self._unpark()
+        with torch.no_grad():
+            self._flush()
+            self._average_now()
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self._sync_point()
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        # Runs on every rank inside dump_checkpoint, before the file is written: the right
+        # moment to make the weights consistent (save_checkpoint would be too late).
+        self._sync_point()
+        return super().lightning_module_state_dict()
+
+    def _park_and_average(self) -> None:
+        if self._comm is None:
+            return
+        if not self._tensors:  # test/validate without fit: configure_ddp did not run
+            self._tensors = self._model_tensors()
+        if self._scratch is None:
+            self._scratch = FlatBuffer(self._tensors)
+        with torch.no_grad():
+            self._scratch.pack(self._tensors)
+            self._comm.start_mean(self._scratch.buckets, self.weight).wait()
+            self._scratch.swap(self._tensors)  # model <- average, scratch <- live weights
+        self._parked_for_eval = True
+
+    def _unpark(self) -> None:
+        if self._parked_for_eval:
+            assert self._scratch is not None
+            with torch.no_grad():
+                self._scratch.swap(self._tensors)
+            self._parked_for_eval = False
+
+    @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._park_and_average()
+
+    @override
+    def on_validation_end(self) -> None:
+        super().on_validation_end()
+        self._unpark()
+
+    @override
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._park_and_average()
+
+    @override
+    def on_test_end(self) -> None:
+        super().on_test_end()
+        self._unpark()
+
+    # -- teardown ------------------------------------------------------------------------
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        # A peer may be gone: waiting on in-flight work could hang until the group timeout.
+        self._abandon_in_flight()
+        super().on_exception(exception)
+
+    def _abandon_in_flight(self) -> None:
+        """Forget pending handles without waiting (subclasses holding handles override)."""
+
+    @override
+    def teardown(self) -> None:
+        self._unpark()
+        if self._comm is not None:
+            with contextlib.suppress(Exception):
+                self._flush()
+            self._comm.destroy()
+            self._comm = None
+        self._scratch = None
+        super().teardown()
+
+    # -- registration ----------------------------------------------------------------------
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        # Overridden so DDPStrategy's own names ("ddp", ...) are not registered again.
+        if not cls.strategy_name:
+            return
+        for suffix, start_method in (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork")):
+            name = cls.strategy_name + suffix
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name,
+                    cls,
+                    description=f"{cls.strategy_description} (start_method '{start_method}')",
+                    start_method=start_method,
+                )
+

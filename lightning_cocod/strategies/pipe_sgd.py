@@ -1,0 +1,54 @@
+"""Pipe-SGD: the gradient all-reduce of step t overlaps step t+1, which applies it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from lightning_cocod.core import GradientPipeline
+from lightning_cocod.strategies.base import SyncStrategyBase
+
+
+class PipeSGDStrategy(SyncStrategyBase):
+    """Synchronous SGD with a pipeline of width two: ``x <- x - lr * mean_j grad_j(t-1)``.
+
+    After backward of step t the local gradients are launched in a non-blocking all-reduce; the
+    all-reduce of step t-1 is then waited on and its mean gradients are what the optimizer
+    applies at step t. All workers apply the same gradients, so their models stay identical.
+
+    The first step has no earlier gradient: it launches its own and updates nothing (its
+    gradients are set to None, which torch optimizers skip: no update, no weight decay, no
+    momentum). When fit ends the last launched gradients are waited on and not applied.
+    """
+
+    strategy_name = "pipe_sgd"
+    strategy_description = "Pipe-SGD: gradient all-reduce overlapped with the next step, applied one step stale"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pipeline: GradientPipeline | None = None
+        self._launch_step = 0
+
+    def _build(self, tensors: list[Tensor]) -> None:
+        assert self._comm is not None
+        # The live parameters, not the detached views: the pipeline reads and writes their .grad.
+        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        self._pipeline = GradientPipeline(params, self._comm)
+
+    def _exchange(self) -> None:
+        assert self._pipeline is not None
+        _, waited = self._pipeline.exchange()
+        if waited is not None:
+            self._record(waited, self._launch_step, self._pipeline.nbytes)
+        self._launch_step = self._steps
+
+    def _flush(self) -> None:
+        if self._pipeline is not None:
+            handle = self._pipeline.drain()
+            if handle is not None:
+                self._record(handle, self._launch_step, self._pipeline.nbytes)
+
+    def _abandon_in_flight(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.handle = None

@@ -1,0 +1,58 @@
+"""N simulated workers in one process, behind the core's Communicator interface.
+
+Each worker's ``start_mean`` records its weighted contribution; a handle's ``wait`` needs all N
+contributions to that collective (it raises otherwise, as a real deadlock would hang) and writes
+the weighted sum into the waiting worker's buckets.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FakeCluster:
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.contributions: dict[int, dict[int, list[torch.Tensor]]] = {}
+        self.comms = [FakeComm(self, rank) for rank in range(world_size)]
+        self.log: list[tuple[str, int, int]] = []  # (event, rank, collective index)
+
+
+class FakeComm:
+    def __init__(self, cluster: FakeCluster, rank: int) -> None:
+        self.cluster = cluster
+        self.rank = rank
+        self.world_size = cluster.world_size
+        self._issued = 0
+
+    def start_mean(self, buckets, weight=None):
+        share = 1.0 / self.world_size if weight is None else weight
+        index = self._issued
+        self._issued += 1
+        self.cluster.contributions.setdefault(index, {})[self.rank] = [b * share for b in buckets]
+        self.cluster.log.append(("launch", self.rank, index))
+        return FakeHandle(self, index, list(buckets))
+
+    def destroy(self) -> None:
+        pass
+
+
+class FakeHandle:
+    comm_seconds = 0.0
+    exposed_seconds = 0.0
+
+    def __init__(self, comm: FakeComm, index: int, buckets: list[torch.Tensor]) -> None:
+        self.comm, self.index, self.buckets = comm, index, buckets
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return len(self.comm.cluster.contributions[self.index]) == self.comm.world_size
+
+    def wait(self) -> None:
+        if not self.is_completed():
+            raise RuntimeError(f"rank {self.comm.rank} waits on collective {self.index} not issued by every rank")
+        parts = self.comm.cluster.contributions[self.index]
+        for i, bucket in enumerate(self.buckets):
+            bucket.copy_(sum(parts[r][i] for r in sorted(parts)))
+        self.done = True
+        self.comm.cluster.log.append(("wait", self.comm.rank, self.index))

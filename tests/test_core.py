@@ -1,0 +1,199 @@
+"""The pure-tensor core against hand-computed values and the algorithm's invariants."""
+
+import copy
+
+import pytest
+import torch
+
+from lightning_cocod.core import CoCoDRound, FlatBuffer, GradientPipeline, average_blocking
+from tests.helpers.fake_comm import FakeCluster
+
+
+def test_flat_buffer_views_alias_one_bucket_per_dtype():
+    a, b, c = torch.arange(6.0).view(2, 3), torch.tensor([7.0]), torch.tensor([1, 2], dtype=torch.float64)
+    flat = FlatBuffer([a, b, c])
+    assert [v.shape for v in flat.views] == [a.shape, b.shape, c.shape]
+    assert [v.dtype for v in flat.views] == [torch.float32, torch.float32, torch.float64]
+    assert len(flat.buckets) == 2 and flat.nbytes == 7 * 4 + 2 * 8
+    flat.pack([a, b, c])
+    assert flat.buckets[0].tolist() == [0, 1, 2, 3, 4, 5, 7]
+    flat.buckets[0].mul_(2)  # a write to the bucket is a write through every view
+    out = [torch.zeros_like(t) for t in (a, b, c)]
+    flat.unpack(out)
+    assert out[0].tolist() == [[0, 2, 4], [6, 8, 10]] and out[1].item() == 14 and out[2].tolist() == [1, 2]
+
+
+def test_flat_buffer_swap_exchanges_contents():
+    x = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
+    flat = FlatBuffer(x)
+    flat.pack([torch.tensor([9.0, 8.0]), torch.tensor([[7.0]])])
+    flat.swap(x)
+    assert x[0].tolist() == [9, 8] and x[1].item() == 7
+    assert flat.buckets[0].tolist() == [1, 2, 3]
+
+
+def test_cocod_round_hand_computed():
+    cluster = FakeCluster(2)
+    xs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]]
+    rounds = [CoCoDRound(x, comm) for x, comm in zip(xs, cluster.comms)]
+    for r in rounds:
+        r.begin()
+    xs[0][0] += torch.tensor([1.0, 0.0])  # local progress during the round
+    xs[1][0] += torch.tensor([0.0, 2.0])
+    for r in rounds:
+        r.finish()
+    # avg of snapshots = [2, 3]; each adds its own progress
+    assert xs[0][0].tolist() == [3.0, 3.0]
+    assert xs[1][0].tolist() == [2.0, 5.0]
+
+
+def _simulate(world, rounds, tau, lr=0.1, seed=0, weights=None):
+    """Workers with a linear model and their own SGD-momentum, rounds through the core."""
+    torch.manual_seed(seed)
+    base = torch.nn.Linear(4, 2).double()
+    models = [copy.deepcopy(base) for _ in range(world)]
+    opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in models]
+    cluster = FakeCluster(world)
+    tensors = [[p.detach() for p in m.parameters()] for m in models]
+    cocod = [CoCoDRound(t, c, None if weights is None else weights[i]) for i, (t, c) in enumerate(zip(tensors, cluster.comms))]
+    history = []
+    for _ in range(rounds):
+        for r in cocod:
+            r.begin()
+        snaps = [[t.clone() for t in ts] for ts in tensors]
+        for _ in range(tau):
+            for m, o in zip(models, opts):
+                x = torch.randn(8, 4, dtype=torch.float64)
+                o.zero_grad()
+                torch.nn.functional.mse_loss(m(x), x[:, :2] * 3).backward()
+                o.step()
+        before = [[t.clone() for t in ts] for ts in tensors]
+        for r in cocod:
+            r.finish()
+        history.append((snaps, before, [[t.clone() for t in ts] for ts in tensors]))
+    return history
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_merge_preserves_mean_and_differences(world):
+    for snaps, before, after in _simulate(world, rounds=3, tau=3):
+        for k in range(len(before[0])):
+            mean_before = sum(b[k] for b in before) / world
+            mean_after = sum(a[k] for a in after) / world
+            torch.testing.assert_close(mean_after, mean_before, rtol=0, atol=1e-12)
+            deltas = [before[i][k] - snaps[i][k] for i in range(world)]
+            for i in range(world):
+                for j in range(world):
+                    torch.testing.assert_close(after[i][k] - after[j][k], deltas[i] - deltas[j], rtol=0, atol=1e-12)
+
+
+def test_weighted_merge_preserves_weighted_mean():
+    p = [0.7, 0.3]
+    for snaps, before, after in _simulate(2, rounds=2, tau=2, weights=p):
+        for k in range(len(before[0])):
+            wb = sum(pi * b[k] for pi, b in zip(p, before))
+            wa = sum(pi * a[k] for pi, a in zip(p, after))
+            torch.testing.assert_close(wa, wb, rtol=0, atol=1e-12)
+            expected_avg = sum(pi * s[k] for pi, s in zip(p, snaps))
+            torch.testing.assert_close(after[0][k], expected_avg + before[0][k] - snaps[0][k], rtol=0, atol=1e-12)
+
+
+def test_zero_lr_round_gives_the_average():
+    # Workers at different points, no progress during the round: the merge lands on their mean.
+    cluster = FakeCluster(3)
+    xs = [[torch.tensor([float(i), 10.0 * i])] for i in range(3)]
+    rs = [CoCoDRound(x, c) for x, c in zip(xs, cluster.comms)]
+    for r in rs:
+        r.begin()
+    for r in rs:
+        r.finish()
+    for x in xs:
+        torch.testing.assert_close(x[0], torch.tensor([1.0, 10.0]))
+
+
+def test_one_worker_is_plain_sgd_bit_for_bit():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    opt_twin = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    rnd = CoCoDRound([p.detach() for p in model.parameters()], FakeCluster(1).comms[0])
+    data = [torch.randn(16, 5) for _ in range(12)]
+    for step, x in enumerate(data):
+        if not rnd.pending:
+            rnd.begin()
+        for m, o in ((model, opt), (twin, opt_twin)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+        if (step + 1) % 4 == 0:
+            rnd.finish()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_all_equal_progress_coincides_with_local_sgd():
+    cluster, local = FakeCluster(2), FakeCluster(2)
+    xs = [[torch.tensor([1.0, -1.0])], [torch.tensor([5.0, 3.0])]]
+    ys = [[x[0].clone()] for x in xs]
+    rs = [CoCoDRound(x, c) for x, c in zip(xs, cluster.comms)]
+    for r in rs:
+        r.begin()
+    for x, y in zip(xs, ys):  # the same progress D on every worker
+        x[0] += torch.tensor([0.5, 0.25])
+        y[0] += torch.tensor([0.5, 0.25])
+    for r in rs:
+        r.finish()
+    # Local-SGD on the same models: average the live models
+    scratch = [FlatBuffer(y) for y in ys]
+    for s, y in zip(scratch, ys):
+        s.pack(y)
+    handles = [c.start_mean(s.buckets) for s, c in zip(scratch, local.comms)]
+    for h, s, y in zip(handles, scratch, ys):
+        h.wait()
+        s.unpack(y)
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(x[0], y[0])
+
+
+def test_average_blocking_weighted():
+    cluster = FakeCluster(2)
+    xs = [[torch.tensor([2.0])], [torch.tensor([6.0])]]
+    # blocking average needs both launched before either waits: drive rank 1's launch first.
+    s1 = FlatBuffer(xs[1])
+    s1.pack(xs[1])
+    h1 = cluster.comms[1].start_mean(s1.buckets, 0.25)
+    average_blocking(xs[0], FlatBuffer(xs[0]), cluster.comms[0], 0.75)
+    h1.wait()
+    s1.unpack(xs[1])
+    assert xs[0][0].item() == 3.0 and xs[1][0].item() == 3.0
+
+
+def test_round_misuse_is_an_error():
+    r = CoCoDRound([torch.zeros(2)], FakeCluster(1).comms[0])
+    with pytest.raises(RuntimeError, match="no round pending"):
+        r.finish()
+    r.begin()
+    with pytest.raises(RuntimeError, match="still pending"):
+        r.begin()
+
+
+def test_gradient_pipeline_applies_previous_mean_gradient():
+    cluster = FakeCluster(2)
+    params = [[torch.zeros(2, requires_grad=True)] for _ in range(2)]
+    pipes = [GradientPipeline(p, c) for p, c in zip(params, cluster.comms)]
+    grads = {1: ([1.0, 2.0], [3.0, 6.0]), 2: ([10.0, 0.0], [0.0, 10.0]), 3: ([0.0, 0.0], [4.0, 4.0])}
+    seen = []
+    for step in (1, 2, 3):
+        for rank in range(2):
+            params[rank][0].grad = torch.tensor(grads[step][rank])
+            pipes[rank].exchange()
+        seen.append([None if p[0].grad is None else p[0].grad.tolist() for p in params])
+    assert seen[0] == [None, None]  # first step: nothing to apply yet
+    assert seen[1] == [[2.0, 4.0], [2.0, 4.0]]  # mean of step 1
+    assert seen[2] == [[5.0, 5.0], [5.0, 5.0]]  # mean of step 2
+    # the all-reduce launched at step t is waited on at step t+1
+    waits = [(e, r, i) for e, r, i in cluster.log if e == "wait"]
+    assert [i for _, _, i in waits] == [0, 0, 1, 1]
+    for pipe in pipes:
+        pipe.drain()
