@@ -15,12 +15,12 @@ WORLD, STEPS, TAU = 2, 10, 4  # rounds of 4, 4 and a partial 2
 
 def fit(strategy, out_dir, steps=STEPS, callbacks=(), module=None, **trainer_kwargs):
     model = module or toy.ToyRegression(steps, str(out_dir))
+    trainer_kwargs = {"limit_val_batches": 0, "num_sanity_val_steps": 0, "logger": False, **trainer_kwargs}
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="cpu",
         devices=WORLD,
         max_steps=steps,
-        logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -99,6 +99,13 @@ class SyncStrategyBase(DDPStrategy):
         self._steps = 0
         self._parked_for_eval = False
 
+    def _options(self) -> dict[str, Any]:
+        return {"average_buffers": self.average_buffers}
+
+    def __repr__(self) -> str:
+        options = {**self._options(), "start_method": self._start_method}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+
     # -- set-up -------------------------------------------------------------------------
 
     @override

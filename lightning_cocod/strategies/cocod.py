@@ -47,6 +47,9 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round: CoCoDRound | None = None
         self._launch_step = 0
 
+    def _options(self) -> dict[str, Any]:
+        return {"tau": self.tau, **super()._options()}
+
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)

@@ -26,6 +26,9 @@ class LocalSGDStrategy(SyncStrategyBase):
         self.tau = check_period(type(self).__name__, tau)
         super().__init__(**kwargs)
 
+    def _options(self) -> dict[str, Any]:
+        return {"tau": self.tau, **super()._options()}
+
     def _after_step(self) -> None:
         if self._steps % self.tau == 0:
             handle = self._average_now()

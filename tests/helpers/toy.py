@@ -42,18 +42,31 @@ class ToyRegression(pl.LightningModule):
         self.momentum, self.weight_decay = momentum, weight_decay
         self.trajectory: list[list[float]] = []
         self.events: list[tuple[str, int]] = []
+        self.evaluated: list[tuple[int, list[float]]] = []  # (global step, weights seen by evaluation)
 
     def on_fit_start(self) -> None:
         torch.set_num_threads(1)  # forked workers: keep OpenMP out of the picture
 
     def train_dataloader(self):
-        x, y = rank_batches(self.global_rank, self.steps)
+        x, y = (t.to(self.net.weight.dtype) for t in rank_batches(self.global_rank, self.steps))
         return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False)
 
     def training_step(self, batch, batch_idx):
         self.events.append(("train", self.trainer.global_step))
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def val_dataloader(self):
+        x, y = (t.to(self.net.weight.dtype) for t in rank_batches(99, 1))
+        return DataLoader(TensorDataset(x, y), batch_size=BATCH)
+
+    def validation_step(self, batch, batch_idx):
+        self.evaluated.append((self.trainer.global_step, flat(self.net)))
+        x, y = batch
+        self.log("val/loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def test_step(self, batch, batch_idx):
+        self.evaluated.append((-1, flat(self.net)))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=self.momentum, weight_decay=self.weight_decay)
@@ -63,7 +76,12 @@ class ToyRegression(pl.LightningModule):
 
     def on_fit_end(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        record = {"trajectory": self.trajectory, "final": flat(self.net), "events": self.events}
+        record = {
+            "trajectory": self.trajectory,
+            "final": flat(self.net),
+            "events": self.events,
+            "evaluated": self.evaluated,
+        }
         stats = getattr(self.trainer.strategy, "comm_stats", None)
         if stats is not None:
             record["rounds"] = [[r.launch_step, r.finish_step] for r in stats.rounds]

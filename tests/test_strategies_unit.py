@@ -1,0 +1,65 @@
+"""Construction, argument checks and registration; no processes."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import pytorch_lightning as pl
+from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
+
+import lightning_cocod
+from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+
+
+@pytest.mark.parametrize("cls", [CoCoDStrategy, LocalSGDStrategy])
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "4", True, None])
+def test_tau_must_be_a_positive_integer(cls, bad):
+    with pytest.raises(ValueError, match=rf"tau must be a positive integer .* got {bad!r}"):
+        cls(tau=bad)
+
+
+@pytest.mark.parametrize("cls", [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy])
+def test_unsupported_options_are_named(cls):
+    with pytest.raises(TypeError, match=r"model_averaging_period=4.*DDP's wrapper"):
+        cls(model_averaging_period=4)
+    with pytest.raises(TypeError, match=r"find_unused_parameters=True"):
+        cls(find_unused_parameters=True)
+    with pytest.raises(TypeError, match="average_buffers must be True or False, got 'yes'"):
+        cls(average_buffers="yes")
+    with pytest.raises(ValueError, match="start_method='thread'"):
+        cls(start_method="thread")
+
+
+def test_registered_names_resolve_to_fresh_instances():
+    expected = {
+        "cocod": (CoCoDStrategy, "popen"), "cocod_spawn": (CoCoDStrategy, "spawn"),
+        "cocod_fork": (CoCoDStrategy, "fork"), "cocod_notebook": (CoCoDStrategy, "fork"),
+        "local_sgd": (LocalSGDStrategy, "popen"), "local_sgd_spawn": (LocalSGDStrategy, "spawn"),
+        "pipe_sgd": (PipeSGDStrategy, "popen"), "pipe_sgd_fork": (PipeSGDStrategy, "fork"),
+        "ssgd": (DDPStrategy, "popen"), "ssgd_spawn": (DDPStrategy, "spawn"),
+    }
+    for name, (cls, start_method) in expected.items():
+        strategy = pl.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False).strategy
+        assert type(strategy) is cls, name
+        assert strategy._start_method == start_method, name
+    a = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
+    b = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
+    assert a is not b and a.tau == 4 and a.average_buffers is True
+    assert repr(a) == "CoCoDStrategy(tau=4, average_buffers=True, start_method='popen')"
+    assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
+
+
+def test_registration_is_idempotent():
+    importlib.reload(lightning_cocod)
+    lightning_cocod.register_strategies(StrategyRegistry)
+    assert StrategyRegistry["cocod"]["strategy"] is lightning_cocod.CoCoDStrategy
+
+
+def test_readme_one_liner_prints_the_strategy():
+    code = (
+        "import lightning_cocod, pytorch_lightning as pl; "
+        "print(pl.Trainer(strategy='cocod', accelerator='cpu', devices=2).strategy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "CoCoDStrategy(tau=4" in out.stdout
