@@ -1,0 +1,23 @@
+"""In-memory datamodules (CIFAR-10/100, scikit-learn digits, synthetic) with rank-sharded loaders."""
+
+from lightning_cocod.data.augment import normalize, random_crop, random_flip
+from lightning_cocod.data.base import InMemoryDataModule
+from lightning_cocod.data.cifar import CIFARDataModule, load_cifar
+from lightning_cocod.data.digits import DigitsDataModule
+from lightning_cocod.data.sharding import ShardedBatchSampler, TensorLoader, check_batch_sizes, eval_batches
+from lightning_cocod.data.synthetic import SyntheticDataModule
+
+__all__ = [
+    "CIFARDataModule",
+    "DigitsDataModule",
+    "InMemoryDataModule",
+    "ShardedBatchSampler",
+    "SyntheticDataModule",
+    "TensorLoader",
+    "check_batch_sizes",
+    "eval_batches",
+    "load_cifar",
+    "normalize",
+    "random_crop",
+    "random_flip",
+]

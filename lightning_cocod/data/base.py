@@ -1,0 +1,126 @@
+"""Common datamodule over in-memory tensors: rank-sharded loaders and batch-side preprocessing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from lightning_cocod.data.augment import normalize, random_crop, random_flip
+from lightning_cocod.data.sharding import ShardedBatchSampler, TensorLoader, check_batch_sizes, eval_batches
+
+
+class InMemoryDataModule(pl.LightningDataModule):
+    """Subclasses fill ``train_tensors`` and ``eval_tensors`` (``(x, y)`` pairs) in ``setup``.
+
+    ``x`` is either uint8 images, normalised on the device with ``mean``/``std`` after transfer, or
+    float tensors already normalised. Training batches are cropped (``crop_padding``) and flipped
+    (``flip``) on the device when ``augment`` is set. Validation and test both use ``eval_tensors``.
+
+    Rank and world size come from the attached trainer when the loaders are built; without a
+    trainer the module behaves as a single process. Fit with ``trainer.fit(model, datamodule=dm)``:
+    passing the loaders alone would skip ``on_after_batch_transfer`` and hand the model uint8 images.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        per_rank_batch_sizes: Sequence[int] | None = None,
+        eval_batch_size: int | None = None,
+        seed: int = 0,
+        augment: bool = False,
+        crop_padding: int = 4,
+        flip: bool = True,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__()
+        check_batch_sizes([batch_size], 1)
+        if per_rank_batch_sizes is not None:
+            per_rank_batch_sizes = check_batch_sizes(per_rank_batch_sizes, len(per_rank_batch_sizes))
+        self.batch_size = batch_size
+        self.per_rank_batch_sizes = per_rank_batch_sizes
+        self.eval_batch_size = eval_batch_size or 2 * batch_size  # no activations kept for backward
+        self.seed, self.augment, self.crop_padding, self.flip = seed, augment, crop_padding, flip
+        self.mean, self.std = mean, std
+        self.train_tensors: tuple[Tensor, Tensor] | None = None
+        self.eval_tensors: tuple[Tensor, Tensor] | None = None
+        self._train_sampler: ShardedBatchSampler | None = None
+        self._stats_on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def _rank_and_world_size(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per step over all ranks: what linear LR scaling should be based on."""
+        if self.per_rank_batch_sizes is not None:
+            return sum(self.per_rank_batch_sizes)
+        return self.batch_size * self._rank_and_world_size()[1]
+
+    def set_per_rank_batch_sizes(self, sizes: Sequence[int]) -> None:
+        """Rank ``i`` takes ``sizes[i]`` samples per step from the next epoch on.
+
+        Lightning counts the batches of an epoch once, when it loads the train loader; if
+        ``sum(sizes)`` changes the number of steps per epoch, fit with
+        ``Trainer(reload_dataloaders_every_n_epochs=1)`` so that it counts again.
+        """
+        if self._train_sampler is not None:
+            self._train_sampler.set_per_rank_batch_sizes(sizes)
+            self.per_rank_batch_sizes = self._train_sampler.per_rank_batch_sizes
+        else:  # the length is checked against the world size once the loader is built
+            self.per_rank_batch_sizes = check_batch_sizes(sizes, len(sizes))
+
+    def _require(self, tensors: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        if tensors is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        return tensors
+
+    def train_dataloader(self) -> TensorLoader:
+        tensors = self._require(self.train_tensors)
+        rank, world_size = self._rank_and_world_size()
+        sizes = self.per_rank_batch_sizes or [self.batch_size] * world_size
+        sampler = ShardedBatchSampler(
+            len(tensors[0]), check_batch_sizes(sizes, world_size), rank, world_size, self.seed
+        )
+        if len(sampler) == 0:
+            raise ValueError(
+                f"{type(self).__name__}: {len(tensors[0])} training samples are fewer than one "
+                f"global batch of {sum(sizes)}"
+            )
+        self._train_sampler = sampler
+        return TensorLoader(tensors, sampler)
+
+    def _eval_loader(self) -> TensorLoader:
+        tensors = self._require(self.eval_tensors)
+        rank, world_size = self._rank_and_world_size()
+        return TensorLoader(tensors, eval_batches(len(tensors[0]), self.eval_batch_size, rank, world_size))
+
+    def val_dataloader(self) -> TensorLoader:
+        return self._eval_loader()
+
+    def test_dataloader(self) -> TensorLoader:
+        return self._eval_loader()
+
+    def on_after_batch_transfer(
+        self, batch: tuple[Tensor, Tensor], dataloader_idx: int
+    ) -> tuple[Tensor, Tensor]:
+        x, y = batch
+        if self.augment and self.trainer is not None and self.trainer.training:
+            x = random_crop(x, self.crop_padding)
+            if self.flip:
+                x = random_flip(x)
+        if x.dtype == torch.uint8:
+            if self.mean is None or self.std is None:
+                raise ValueError(f"{type(self).__name__}: uint8 images need mean and std to be normalised")
+            if x.device not in self._stats_on_device:
+                self._stats_on_device[x.device] = (
+                    torch.tensor(self.mean, device=x.device),
+                    torch.tensor(self.std, device=x.device),
+                )
+            x = normalize(x, *self._stats_on_device[x.device])
+        return x, y

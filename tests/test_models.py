@@ -1,0 +1,232 @@
+import math
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
+from lightning_cocod.models import VGG16, ClassifierModule, ResNet18, SmallCNN, build_model
+from lightning_cocod.models.classifier import param_groups
+from lightning_cocod.models.schedule import lr_factor
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tests share 2 cores with other processes; extra intra-op threads only spin against each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def n_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def conv(cin, cout, k, bias=False):
+    return k * k * cin * cout + (cout if bias else 0)
+
+
+def bn(c):
+    return 2 * c  # weight and bias; running statistics are buffers
+
+
+def resnet18_by_formula(num_classes):
+    total, cin = conv(3, 64, 3) + bn(64), 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        for s in (stride, 1):
+            total += conv(cin, cout, 3) + bn(cout) + conv(cout, cout, 3) + bn(cout)
+            if s != 1 or cin != cout:
+                total += conv(cin, cout, 1) + bn(cout)
+            cin = cout
+    return total + 512 * num_classes + num_classes
+
+
+def vgg16_by_formula(num_classes):
+    total, cin = 0, 3
+    for v in [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]:
+        if v != "M":
+            total, cin = total + conv(cin, v, 3, bias=True) + bn(v), v
+    return total + 512 * num_classes + num_classes
+
+
+@pytest.mark.parametrize("num_classes, expected", [(10, 11_173_962), (100, 11_220_132)])
+def test_resnet18_parameter_count(num_classes, expected):
+    assert resnet18_by_formula(num_classes) == expected
+    assert n_params(ResNet18(num_classes)) == expected
+
+
+@pytest.mark.parametrize("num_classes, expected", [(10, 14_728_266), (100, 14_774_436)])
+def test_vgg16_parameter_count(num_classes, expected):
+    assert vgg16_by_formula(num_classes) == expected
+    assert n_params(VGG16(num_classes)) == expected
+
+
+def test_state_dict_keys_follow_kuangliu():
+    assert {"conv1.weight", "layer1.0.conv1.weight", "layer2.0.shortcut.0.weight", "linear.weight"} <= set(
+        ResNet18().state_dict()
+    )
+    assert {"features.0.weight", "features.1.running_mean", "classifier.weight"} <= set(VGG16().state_dict())
+
+
+@pytest.mark.parametrize("name", ["resnet18", "vgg16", "small_cnn"])
+def test_output_shape_on_cifar_batch(name):
+    net = build_model(name, num_classes=7).eval()
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_small_cnn_shapes_and_size():
+    assert 100_000 < n_params(SmallCNN(3, 10)) < 200_000
+    with torch.no_grad():
+        assert SmallCNN(1, 10).eval()(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+        assert SmallCNN(3, 100).eval()(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_build_model_rejects_unknown_name():
+    with pytest.raises(ValueError, match=r"'resnet50'.*resnet18, vgg16, small_cnn"):
+        build_model("resnet50", num_classes=10)
+
+
+def test_lr_factor_hand_values():
+    cos = {"schedule": "cosine", "warmup_steps": 4, "total_steps": 12}
+    assert lr_factor(0, **cos) == pytest.approx(0.25)
+    assert lr_factor(3, **cos) == pytest.approx(1.0)
+    assert lr_factor(4, **cos) == pytest.approx(1.0)
+    assert lr_factor(8, **cos) == pytest.approx(0.5)  # halfway through the 8 decay steps
+    assert lr_factor(6, **cos) == pytest.approx(0.8535534)  # (1 + cos(pi/4)) / 2
+    assert lr_factor(12, **cos) == pytest.approx(0.0, abs=1e-12)
+    step = {
+        "schedule": "step",
+        "warmup_steps": 0,
+        "total_steps": 30,
+        "milestone_steps": [10, 20],
+        "gamma": 0.1,
+    }
+    assert [lr_factor(s, **step) for s in (0, 9, 10, 19, 20, 29)] == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01, 0.01]
+    )
+
+
+def test_no_weight_decay_on_norm_and_bias():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    decay, no_decay = param_groups(net, 5e-4, no_decay_bn_bias=True)
+    assert {id(p) for p in decay["params"]} == {id(net[0].weight), id(net[3].weight)}
+    assert {id(p) for p in no_decay["params"]} == {
+        id(net[0].bias),
+        id(net[1].weight),
+        id(net[1].bias),
+        id(net[3].bias),
+    }
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (5e-4, 0.0)
+    (single,) = param_groups(net, 5e-4, no_decay_bn_bias=False)
+    assert len(single["params"]) == 6 and single["weight_decay"] == 5e-4
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"schedule": "linear"}, r"schedule='linear'.*'cosine', 'step', 'none'"),
+        ({"lr": -0.1}, r"lr=-0.1.*positive"),
+        ({"milestones": [5, 2]}, r"milestones=\[5.0, 2.0\].*increasing"),
+        ({"momentum": 1.5}, r"momentum=1.5"),
+    ],
+)
+def test_classifier_rejects_bad_arguments(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ClassifierModule(nn.Linear(4, 2), **kwargs)
+
+
+class RecordLR(pl.Callback):
+    def __init__(self):
+        self.lrs = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def tiny_fit(module, datamodule, max_epochs, **trainer_kw):
+    recorder = RecordLR()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        callbacks=[recorder],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        **trainer_kw,
+    )
+    trainer.fit(module, datamodule=datamodule)
+    return trainer, recorder.lrs
+
+
+def tiny_net(num_classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, num_classes))
+
+
+def synthetic(num_classes=10):
+    return SyntheticDataModule(
+        num_samples=64, num_eval_samples=16, image_shape=(3, 8, 8), batch_size=8, num_classes=num_classes
+    )
+
+
+def test_warmup_cosine_with_linear_scaling_in_a_fit():
+    # 64 samples / batch 8 = 8 steps per epoch; lr 0.1 * 8 / 4 = 0.2 after scaling; 1 warm-up epoch of 3.
+    module = ClassifierModule(tiny_net(), lr=0.1, warmup_epochs=1, scale_lr=True, base_batch_size=4)
+    _, lrs = tiny_fit(module, synthetic(), max_epochs=3)
+    assert len(lrs) == 24
+    assert lrs[0] == pytest.approx(0.025)  # 0.2 * 1/8
+    assert lrs[3] == pytest.approx(0.1)  # 0.2 * 4/8
+    assert lrs[7] == pytest.approx(0.2)
+    assert lrs[8] == pytest.approx(0.2)
+    assert lrs[16] == pytest.approx(0.1)  # half of the 16 cosine steps
+    assert lrs[20] == pytest.approx(0.0292893)  # 0.1 * (1 + cos(3 pi / 4))
+
+
+def test_step_schedule_in_a_fit():
+    module = ClassifierModule(
+        tiny_net(),
+        lr=0.1,
+        schedule="step",
+        milestones=[1, 2],
+        gamma=0.1,
+        global_batch_size=8,
+        scale_lr=True,
+        base_batch_size=8,
+    )
+    _, lrs = tiny_fit(module, synthetic(), max_epochs=3)
+    assert lrs == pytest.approx([0.1] * 8 + [0.01] * 8 + [0.001] * 8)
+
+
+def test_top5_logged_for_100_classes():
+    module = ClassifierModule(tiny_net(100), lr=0.1)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    trainer.validate(module, datamodule=synthetic(100), verbose=False)
+    assert {"val/loss", "val/acc", "val/acc_top5"} <= set(trainer.callback_metrics)
+    assert ClassifierModule(tiny_net(10)).val_acc_top5 is None
+
+
+def test_small_cnn_learns_digits():
+    pl.seed_everything(0)
+    module = ClassifierModule(SmallCNN(1, 10, width=32), lr=0.1, warmup_epochs=1)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=5,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    datamodule = DigitsDataModule(batch_size=64)
+    trainer.fit(module, datamodule=datamodule)
+    (result,) = trainer.test(module, datamodule=datamodule, verbose=False)
+    assert result["test/acc"] > 0.9
+    assert math.isfinite(result["test/loss"])
