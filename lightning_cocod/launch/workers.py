@@ -1,0 +1,376 @@
+"""Start the ranks of one gloo run as separate processes on 127.0.0.1, optionally behind a slow link.
+
+Each rank is a `python -m MODULE` / `python SCRIPT` / `MODULE:FUNCTION` process given the env://
+variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, NODE_RANK). Because LOCAL_RANK is
+set, Lightning's LightningEnvironment reports `creates_processes_externally`, so a worker's
+`Trainer(devices=world_size, num_nodes=1, ...)` becomes that one rank instead of spawning more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_cocod.launch.netns import ShapedLink, shaped_namespace, signals_deferred
+
+RESULT_ENV = "COCOD_RESULT_PATH"
+# Runs a "module:function" target. Inline, not a module of this package: importing anything under
+# lightning_cocod imports Lightning through the package __init__ (seconds per rank), which a
+# function target may not need. Same atomic write as `write_result`.
+_CALL_FUNCTION = f"""\
+import importlib, json, os, sys
+module, _, qualname = sys.argv[1].partition(":")
+obj = importlib.import_module(module)
+for part in qualname.split("."):
+    obj = getattr(obj, part)
+result = obj(*sys.argv[2:])
+path = os.environ["{RESULT_ENV}"]
+with open(path + ".tmp", "w") as fh:
+    json.dump(result, fh)
+os.replace(path + ".tmp", path)
+"""
+# Variables that make Lightning pick SLURM/TorchElastic/LSF/MPI instead of LightningEnvironment,
+# which would then take world size and ranks from the outer job rather than from this launcher.
+_FOREIGN_CLUSTER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", "PMIX_")
+_FOREIGN_CLUSTER_KEYS = {"GROUP_RANK", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE"}
+# Below Linux's ephemeral range (32768+): a rank connecting to the store before rank 0 listens can
+# be handed MASTER_PORT itself as its source port and connect to itself.
+_PORT_RANGE = (20000, 32000)
+_STDERR_TAIL_LINES = 20
+
+
+class LaunchError(RuntimeError):
+    """A run started by `launch_workers` did not produce results."""
+
+
+class WorkerFailed(LaunchError):
+    def __init__(self, message: str, rank: int, returncode: int, stderr_tail: str, log_dir: str):
+        super().__init__(message)
+        self.rank = rank
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        self.log_dir = log_dir
+
+    def __reduce__(self):
+        # The default would call __init__ with the message alone and fail to unpickle in a parent.
+        return type(self), (str(self), self.rank, self.returncode, self.stderr_tail, self.log_dir)
+
+
+class WorkersTimedOut(LaunchError):
+    def __init__(self, message: str, running_ranks: list[int], log_dir: str):
+        super().__init__(message)
+        self.running_ranks = running_ranks
+        self.log_dir = log_dir
+
+    def __reduce__(self):
+        return type(self), (str(self), self.running_ranks, self.log_dir)
+
+
+def write_result(result: Any, path: str | os.PathLike | None = None) -> None:
+    """Called by a worker to hand its JSON-serialisable result to the launcher."""
+    path = Path(path or os.environ[RESULT_ENV])
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(result))
+    # The rename makes a result either whole or absent, even if the worker is killed mid-write.
+    os.replace(tmp, path)
+
+
+def _module_root(module_name: str) -> Path | None:
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    root = Path(file).resolve().parent
+    depth = module_name.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    for _ in range(depth):
+        root = root.parent
+    return root
+
+
+def worker_command(target: str | Callable, args: Sequence[Any], python: str) -> tuple[list[str], list[str]]:
+    """The command line for one rank, and the directories its PYTHONPATH needs for the target.
+
+    `target` is a module ("lightning_cocod.bench_worker"), a script ("tests/w.py"), a
+    "module:function" spec, or a top-level function; a function's return value becomes the result.
+    """
+    str_args = [str(a) for a in args]
+    if callable(target):
+        module, qualname = target.__module__, target.__qualname__
+        if module == "__main__" or "<locals>" in qualname:
+            raise ValueError(
+                f"worker target {qualname!r} must be a top-level function of an importable module, "
+                f"not of {module!r}"
+            )
+        root = _module_root(module)
+        paths = [str(root)] if root else []
+        target = f"{module}:{qualname}"
+        return [python, "-c", _CALL_FUNCTION, target, *str_args], paths
+    if target.endswith(".py") or os.sep in target:
+        script = Path(target).resolve()
+        if not script.is_file():
+            raise FileNotFoundError(f"worker script {target!r} does not exist")
+        return [python, str(script), *str_args], []
+    if ":" in target:
+        return [python, "-c", _CALL_FUNCTION, target, *str_args], []
+    return [python, "-m", target, *str_args], []
+
+
+def _free_port(link: ShapedLink) -> int:
+    if link.shaped:
+        # A namespace made for this run has no listeners yet: any port is free there.
+        return random.randrange(*_PORT_RANGE)
+    for _ in range(200):
+        port = random.randrange(*_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise LaunchError(f"no free port on 127.0.0.1 in {_PORT_RANGE[0]}-{_PORT_RANGE[1]}")
+
+
+def _worker_env(
+    base: dict[str, str], rank: int, world_size: int, port: int, result: Path, pythonpath: list[str]
+) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in base.items()
+        if k not in _FOREIGN_CLUSTER_KEYS and not k.startswith(_FOREIGN_CLUSTER_PREFIXES)
+    }
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        # gloo and tensorpipe otherwise pick the interface the hostname resolves to, which does not
+        # exist inside the namespace and would take the traffic off the shaped loopback.
+        GLOO_SOCKET_IFNAME="lo",
+        TP_SOCKET_IFNAME="lo",
+        # A killed worker's last words are what the failure report quotes.
+        PYTHONUNBUFFERED="1",
+    )
+    env[RESULT_ENV] = str(result)
+    return env
+
+
+def _child_setup_factory() -> Callable[[], None]:
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def setup() -> None:
+        # The launcher spawns with SIGINT/SIGTERM held; the worker must receive them again.
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if prctl is not None:
+            # A launcher killed with SIGKILL runs no cleanup: the kernel then ends the workers.
+            prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return setup
+
+
+def _tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        # Each worker leads its own process group, so its own children (data loaders) go too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    _signal_groups(alive, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal_groups(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _read_results(world_size: int, result_paths: list[Path], log_dir: Path) -> list[Any]:
+    results = []
+    for rank in range(world_size):
+        try:
+            results.append(json.loads(result_paths[rank].read_text()))
+        except (OSError, ValueError) as err:
+            raise WorkerFailed(
+                f"rank {rank} exited 0 but left no readable result at {result_paths[rank]} ({err}); "
+                f"a worker must call lightning_cocod.launch.write_result; logs in {log_dir}",
+                rank,
+                0,
+                _tail(log_dir / f"rank{rank}.stderr"),
+                str(log_dir),
+            ) from None
+    return results
+
+
+def launch_workers(
+    target: str | Callable,
+    world_size: int,
+    rate: str | int | None = None,
+    args: Sequence[Any] = (),
+    *,
+    timeout_s: float,
+    output_dir: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    name_prefix: str = "cocod",
+    grace_s: float = 5.0,
+    python: str = sys.executable,
+    cwd: str | os.PathLike | None = None,
+) -> list[Any]:
+    """Run `world_size` ranks of `target` on 127.0.0.1 over a loopback shaped to `rate`.
+
+    Returns each rank's result (what it passed to `write_result`, or the function's return value),
+    ordered by rank. Raises WorkerFailed on the first rank to exit non-zero and WorkersTimedOut
+    after `timeout_s`; either way every worker and the namespace are gone before it returns.
+    Logs are `rankN.stdout` / `rankN.stderr` in `output_dir`; without one, a temporary directory is
+    used, removed after success and kept (and named in the error) after a failure.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    cmd, pythonpath = worker_command(target, args, python)
+    log_dir = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="cocod-launch-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result_paths = [log_dir / f"rank{rank}.result.json" for rank in range(world_size)]
+    for path in result_paths:
+        path.unlink(missing_ok=True)
+    base_env = dict(os.environ if env is None else {**os.environ, **env})
+
+    ok = False
+    with shaped_namespace(rate, name_prefix=name_prefix) as link:
+        port = _free_port(link)
+        procs: list[subprocess.Popen] = []
+        exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        setup = _child_setup_factory()
+        try:
+            # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
+            # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C.
+            with signals_deferred():
+                for rank in range(world_size):
+                    with (
+                        open(log_dir / f"rank{rank}.stdout", "wb") as out,
+                        open(log_dir / f"rank{rank}.stderr", "wb") as err,
+                    ):
+                        procs.append(
+                            subprocess.Popen(
+                                link.wrap(cmd),
+                                env=_worker_env(
+                                    base_env, rank, world_size, port, result_paths[rank], pythonpath
+                                ),
+                                cwd=cwd,
+                                stdin=subprocess.DEVNULL,
+                                stdout=out,
+                                stderr=err,
+                                start_new_session=True,
+                                preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
+                            )
+                        )
+                for rank, proc in enumerate(procs):
+                    threading.Thread(
+                        target=lambda r=rank, p=proc: exits.put((r, p.wait())),
+                        daemon=True,
+                        name=f"cocod-wait-rank{rank}",
+                    ).start()
+            _wait(procs, exits, timeout_s, log_dir, grace_s)
+            results = _read_results(world_size, result_paths, log_dir)
+            ok = True
+            return results
+        finally:
+            with signals_deferred():
+                _terminate(procs, grace_s)
+                if ok and output_dir is None:
+                    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _wait(
+    procs: list[subprocess.Popen], exits: queue.Queue, timeout_s: float, log_dir: Path, grace_s: float
+) -> None:
+    pending = set(range(len(procs)))
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _terminate(procs, grace_s)
+            running = sorted(pending)
+            tails = "".join(
+                f"\n--- rank {r} stderr (last lines) ---\n{_tail(log_dir / f'rank{r}.stderr', 5)}"
+                for r in running
+            )
+            raise WorkersTimedOut(
+                f"workers did not finish within {timeout_s:g} s; killed ranks {running} "
+                f"(logs in {log_dir}){tails}",
+                running,
+                str(log_dir),
+            )
+        try:
+            rank, code = exits.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        pending.discard(rank)
+        if code != 0:
+            # Ranks that fail on their own soon after are usually reacting to this one (their
+            # peer vanished), so they are only listed; those we terminate are not failures.
+            also = []
+            while True:
+                try:
+                    other, other_code = exits.get_nowait()
+                except queue.Empty:
+                    break
+                if other_code != 0:
+                    also.append(f"rank {other} {_describe_exit(other_code)}")
+            _terminate(procs, grace_s)
+            tail = _tail(log_dir / f"rank{rank}.stderr")
+            also_text = f" (also: {', '.join(also)})" if also else ""
+            raise WorkerFailed(
+                f"rank {rank} {_describe_exit(code)}{also_text}; logs in {log_dir}\n"
+                f"--- rank {rank} stderr (last lines) ---\n{tail}",
+                rank,
+                code,
+                tail,
+                str(log_dir),
+            )

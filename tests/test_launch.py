@@ -1,0 +1,356 @@
+import importlib
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lightning_cocod.launch import (
+    RESULT_ENV,
+    WorkerFailed,
+    WorkersTimedOut,
+    format_rate,
+    launch_workers,
+    netns,
+    parse_rate,
+    shaped_namespace,
+    write_result,
+)
+
+HELPERS = Path(__file__).resolve().parent / "_launch_workers"
+REPO = Path(__file__).resolve().parents[1]
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="network namespaces and tc need root; the unshaped fallback is tested apart"
+)
+
+
+def _namespaces_with(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def _processes_with(token: str) -> list[int]:
+    """Live processes whose command line contains `token` (zombies have an empty one)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _prefix() -> str:
+    return f"cocodtest{uuid.uuid4().hex[:6]}"
+
+
+# --- rates ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "text, bps",
+    [
+        ("100mbit", 100_000_000),
+        ("300mbit", 300_000_000),
+        ("1gbit", 1_000_000_000),
+        ("10gbit", 10_000_000_000),
+        ("500kbit", 500_000),
+        ("2.5gbit", 2_500_000_000),
+        (" 300MBIT ", 300_000_000),
+        ("none", None),
+        ("unshaped", None),
+        (None, None),
+    ],
+)
+def test_parse_rate_reads_tc_forms_exactly(text, bps):
+    assert parse_rate(text) == bps
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text", ["3 mbps", "300mbps", "fast", "mbit", "0mbit", "-5mbit", "1.0001kbit", ""])
+def test_parse_rate_rejects_other_strings_naming_the_value(text):
+    with pytest.raises(ValueError) as info:
+        parse_rate(text)
+    message = str(info.value)
+    assert repr(text) in message
+    assert "kbit, mbit or gbit" in message and "none" in message
+    assert "\n" not in message
+
+
+@pytest.mark.timeout(10)
+def test_format_rate_round_trips():
+    for text in ["500kbit", "8mbit", "300mbit", "1gbit", "1.5gbit", "10gbit"]:
+        assert format_rate(parse_rate(text)) == text
+    assert format_rate(None) == "unshaped"
+
+
+@pytest.mark.timeout(10)
+def test_burst_covers_one_tick_at_high_rates():
+    assert netns.burst_bytes(parse_rate("100mbit")) == 256 * 1024
+    ten_gbit_bytes = 10_000_000_000 // 8
+    assert netns.burst_bytes(parse_rate("10gbit")) >= ten_gbit_bytes / 250
+
+
+# --- the namespace -------------------------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.timeout(10)
+def test_namespace_has_tbf_on_lo_and_is_deleted_after():
+    prefix = _prefix()
+    with shaped_namespace("300mbit", name_prefix=prefix) as link:
+        assert link.shaped and link.rate == 300_000_000 and link.reason is None
+        assert _namespaces_with(prefix) == [link.name]
+        qdisc = subprocess.run(
+            ["ip", "netns", "exec", link.name, "tc", "qdisc", "show", "dev", "lo"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "tbf" in qdisc and "300Mbit" in qdisc
+        assert link.wrap(["echo", "hi"]) == ["ip", "netns", "exec", link.name, "echo", "hi"]
+        # The workers' view: lo is up, and it is the only interface.
+        links = subprocess.run(
+            link.wrap(["ip", "-o", "link"]), check=True, capture_output=True, text=True
+        ).stdout
+        assert len(links.splitlines()) == 1 and "lo:" in links and "UP" in links
+    assert _namespaces_with(prefix) == []
+
+
+@needs_root
+@pytest.mark.timeout(10)
+def test_namespace_and_its_processes_are_gone_after_an_exception():
+    prefix = _prefix()
+    token = uuid.uuid4().hex
+    with pytest.raises(KeyError), shaped_namespace("100mbit", name_prefix=prefix) as link:
+        sleeper = subprocess.Popen(link.wrap([sys.executable, "-c", "import time; time.sleep(30)", token]))
+        deadline = time.monotonic() + 5
+        while not _processes_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(token)
+        raise KeyError("inside the block")
+    assert _namespaces_with(prefix) == []
+    assert _processes_with(token) == []
+    assert sleeper.wait(timeout=5) == -signal.SIGKILL
+
+
+@needs_root
+@pytest.mark.timeout(10)
+def test_namespace_of_a_dead_launcher_is_reclaimed_and_a_live_one_kept():
+    """A SIGKILLed launcher runs no cleanup; the next run with the prefix removes what it left."""
+    prefix = _prefix()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = f"{prefix}-{dead.pid}-abc123", f"{prefix}-{os.getpid()}-abc123"
+    for name in (stale, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        with shaped_namespace("100mbit", name_prefix=prefix) as link:
+            assert sorted(_namespaces_with(prefix)) == sorted([live, link.name])
+    finally:
+        subprocess.run(["ip", "netns", "del", live], check=True)
+        subprocess.run(["ip", "netns", "del", stale], check=False, capture_output=True)
+    assert _namespaces_with(prefix) == []
+
+
+@pytest.mark.timeout(10)
+def test_without_root_runs_unshaped_and_says_so(monkeypatch, capfd):
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    with shaped_namespace("300mbit") as link:
+        assert not link.shaped and link.name is None and link.rate is None
+        assert "root" in link.reason
+        assert link.wrap(["echo"]) == ["echo"]
+    warning = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warning) == 1 and "UNSHAPED" in warning[0] and "300mbit" in warning[0]
+
+
+@needs_root
+@pytest.mark.timeout(10)
+def test_failing_ip_falls_back_with_a_warning(monkeypatch, capfd):
+    monkeypatch.setattr(netns, "IP", "false")
+    with shaped_namespace("300mbit") as link:
+        assert not link.shaped and "could not create" in link.reason
+    assert "UNSHAPED" in capfd.readouterr().err
+
+
+@pytest.mark.timeout(10)
+def test_no_rate_is_unshaped_without_a_warning(capfd):
+    with shaped_namespace(None) as link:
+        assert not link.shaped
+    assert "WARNING" not in capfd.readouterr().err
+
+
+@needs_root
+@pytest.mark.timeout(20)
+def test_shaped_loopback_limits_the_transfer_rate():
+    """1 MB at 8 mbit/s: ~0.75 s once the 256 KiB burst is spent; a plain loopback takes ms."""
+    cmd = [sys.executable, str(HELPERS / "transfer.py"), "send", str(1_000_000)]
+    plain = float(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10).stdout)
+    with shaped_namespace("8mbit", name_prefix=_prefix()) as link:
+        shaped = float(
+            subprocess.run(link.wrap(cmd), capture_output=True, text=True, check=True, timeout=10).stdout
+        )
+    print(f"1 MB over loopback: unshaped {plain:.3f} s, shaped to 8mbit {shaped:.3f} s")
+    assert plain < 0.2
+    assert shaped > 0.5
+
+
+# --- launching workers ---------------------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.timeout(30)
+def test_two_workers_all_reduce_inside_the_namespace(tmp_path):
+    prefix = _prefix()
+    results = launch_workers(
+        str(HELPERS / "allreduce_worker.py"),
+        2,
+        "300mbit",
+        timeout_s=25,
+        output_dir=tmp_path,
+        name_prefix=prefix,
+    )
+    assert [r["rank"] for r in results] == [0, 1]
+    assert [r["local_rank"] for r in results] == [0, 1]
+    assert all(r["world_size"] == 2 and r["sum"] == [3.0] * 4 for r in results)
+    # Both ranks shared one namespace, and it was not ours.
+    assert results[0]["net_ns"] == results[1]["net_ns"] != os.readlink("/proc/self/ns/net")
+    assert (tmp_path / "rank0.stderr").exists() and (tmp_path / "rank1.stdout").exists()
+    assert _namespaces_with(prefix) == []
+
+
+@pytest.mark.timeout(30)
+def test_function_target_runs_unshaped_without_root_and_says_so(monkeypatch, capfd):
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    monkeypatch.syspath_prepend(str(HELPERS))
+    allreduce_rank = importlib.import_module("allreduce_worker").allreduce_rank
+    results = launch_workers(allreduce_rank, 2, "100mbit", args=["tag"], timeout_s=25)
+    assert [r["sum"] for r in results] == [[3.0] * 4, [3.0] * 4]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["net_ns"] == os.readlink("/proc/self/ns/net")
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "UNSHAPED" in warnings[0]
+
+
+@pytest.mark.timeout(30)
+def test_failing_worker_is_named_and_nothing_is_left(tmp_path):
+    prefix = _prefix()
+    token = uuid.uuid4().hex
+    rate = "300mbit" if os.geteuid() == 0 else None
+    with pytest.raises(WorkerFailed) as info:
+        # By module name this time, found through PYTHONPATH.
+        launch_workers(
+            "failing_worker",
+            2,
+            rate,
+            args=[token],
+            timeout_s=25,
+            output_dir=tmp_path,
+            env={"PYTHONPATH": str(HELPERS)},
+            name_prefix=prefix,
+            grace_s=2,
+        )
+    error = info.value
+    assert isinstance(error, RuntimeError)
+    assert error.rank == 1 and error.returncode == 1
+    assert str(error).startswith("rank 1 exited with code 1")
+    assert "boom" in str(error) and "ValueError" in error.stderr_tail
+    # Survives the trip out of a subprocess (e.g. a sweep runner) with its fields.
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.rank, copy.returncode, str(copy)) == (1, 1, str(error))
+    assert _namespaces_with(prefix) == []
+    assert _processes_with(token) == []
+
+
+@pytest.mark.timeout(20)
+def test_worker_that_writes_no_result_is_a_failure(tmp_path):
+    # `python -m site` prints sys.path and exits 0 without writing a result.
+    with pytest.raises(WorkerFailed, match="rank 0 exited 0 but left no readable result"):
+        launch_workers("site", 1, None, timeout_s=15, output_dir=tmp_path)
+
+
+@pytest.mark.timeout(10)
+def test_write_result_uses_the_launcher_path(tmp_path, monkeypatch):
+    target = tmp_path / "rank3.result.json"
+    monkeypatch.setenv(RESULT_ENV, str(target))
+    write_result({"loss": [1.5, 0.25], "rank": 3})
+    assert json.loads(target.read_text()) == {"loss": [1.5, 0.25], "rank": 3}
+    assert list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.timeout(30)
+def test_timeout_kills_every_worker(tmp_path):
+    prefix = _prefix()
+    rate = "300mbit" if os.geteuid() == 0 else None
+    start = time.monotonic()
+    with pytest.raises(WorkersTimedOut) as info:
+        launch_workers(
+            str(HELPERS / "sleeping_worker.py"),
+            2,
+            rate,
+            args=[tmp_path],
+            timeout_s=3,
+            output_dir=tmp_path,
+            name_prefix=prefix,
+            grace_s=1,
+        )
+    assert time.monotonic() - start < 10
+    assert "did not finish within 3 s" in str(info.value) and info.value.running_ranks == [0, 1]
+    assert sorted(p.name for p in tmp_path.glob("started.*")) == ["started.0", "started.1"]
+    assert _processes_with(str(tmp_path)) == []
+    assert _namespaces_with(prefix) == []
+
+
+def _launch_sleepers(prefix: str, marker_dir: str) -> None:
+    launch_workers(
+        str(HELPERS / "sleeping_worker.py"),
+        2,
+        "100mbit",
+        args=[marker_dir],
+        timeout_s=60,
+        output_dir=Path(marker_dir, "logs"),
+        name_prefix=prefix,
+    )
+
+
+@needs_root
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signalled_launcher_removes_namespace_and_workers(tmp_path, sig):
+    prefix = _prefix()
+    # Forked, so the launcher does not spend seconds importing Lightning again.
+    launcher = multiprocessing.get_context("fork").Process(
+        target=_launch_sleepers, args=(prefix, str(tmp_path))
+    )
+    launcher.start()
+    try:
+        deadline = time.monotonic() + 15
+        while len(list(tmp_path.glob("started.*"))) < 2:
+            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
+            time.sleep(0.05)
+        assert len(_namespaces_with(prefix)) == 1
+        assert len(_processes_with(str(tmp_path))) == 2
+        os.kill(launcher.pid, sig)
+        launcher.join(timeout=15)
+    finally:
+        launcher.kill()
+        launcher.join()
+    # Died of an exception that ran the cleanup (SIGTERM: exit 143), not of the signal itself.
+    assert launcher.exitcode not in (0, -sig)
+    if sig == signal.SIGTERM:
+        assert launcher.exitcode == 128 + signal.SIGTERM
+    assert _namespaces_with(prefix) == []
+    assert _processes_with(str(tmp_path)) == []
