@@ -197,3 +197,16 @@ def test_gradient_pipeline_applies_previous_mean_gradient():
     assert [i for _, _, i in waits] == [0, 0, 1, 1]
     for pipe in pipes:
         pipe.drain()
+
+
+def test_comm_stats_counts_overlapping_collectives_once():
+    from lightning_cocod.core import CommStats, RoundRecord
+
+    stats = CommStats()
+    # (launch, comm, exposed): the second is queued behind the first, the third stands alone
+    for launch, comm, exposed in ((0.0, 1.0, 0.1), (0.5, 1.5, 0.2), (3.0, 1.0, 0.0)):
+        stats.add(RoundRecord(0, 1, comm, exposed, 8, launch))
+    assert stats.comm_seconds == 3.0  # [0, 2] and [3, 4]
+    assert abs(stats.exposed_seconds - 0.3) < 1e-12
+    assert abs(stats.hidden_fraction - 0.9) < 1e-12
+    assert stats.nbytes == 24 and stats.rounds[1].hidden_fraction == 1 - 0.2 / 1.5

@@ -27,6 +27,9 @@ class Handle(Protocol):
 
     def is_completed(self) -> bool: ...
 
+    # time.perf_counter() when the collective was launched
+    launched_at: float
+
     @property
     def comm_seconds(self) -> float:
         """Launch to completion of the collective; valid after ``wait``."""
@@ -58,7 +61,7 @@ def _share(weight: float | None, world_size: int) -> float:
 class _CpuHandle:
     def __init__(self, works: list[dist.Work], launched: float) -> None:
         self._works = works
-        self._launched = launched
+        self.launched_at = launched
         self._completed: float | None = None
         self._exposed = 0.0
         remaining = [len(works)]
@@ -88,7 +91,7 @@ class _CpuHandle:
     @property
     def comm_seconds(self) -> float:
         assert self._completed is not None, "comm_seconds is known only after wait()"
-        return self._completed - self._launched
+        return self._completed - self.launched_at
 
     @property
     def exposed_seconds(self) -> float:
@@ -100,6 +103,7 @@ class _CudaHandle:
         self._works = works
         self._comm_stream = comm_stream
         self._launched = launched
+        self.launched_at = time.perf_counter()
         self._landed = torch.cuda.Event(enable_timing=True)
         self._stall_start = torch.cuda.Event(enable_timing=True)
         self._stall_end = torch.cuda.Event(enable_timing=True)

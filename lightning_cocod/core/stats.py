@@ -12,6 +12,11 @@ class RoundRecord:
     comm_seconds: float  # launch to completion
     exposed_seconds: float  # time blocked waiting for it
     nbytes: int  # payload of the collective (what each rank contributes)
+    launched_at: float = 0.0  # time.perf_counter() at launch
+
+    @property
+    def completed_at(self) -> float:
+        return self.launched_at + self.comm_seconds
 
     @property
     def hidden_fraction(self) -> float:
@@ -31,7 +36,15 @@ class CommStats:
 
     @property
     def comm_seconds(self) -> float:
-        return sum(r.comm_seconds for r in self.rounds)
+        """Time the link was busy with our collectives: the union of their launch-to-completion
+        intervals, so pipelined collectives queued behind each other are not counted twice."""
+        busy, end = 0.0, float("-inf")
+        for r in sorted(self.rounds, key=lambda r: r.launched_at):
+            start = max(r.launched_at, end)
+            if r.completed_at > start:
+                busy += r.completed_at - start
+            end = max(end, r.completed_at)
+        return busy
 
     @property
     def exposed_seconds(self) -> float:

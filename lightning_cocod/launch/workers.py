@@ -262,6 +262,7 @@ def launch_workers(
     grace_s: float = 5.0,
     python: str = sys.executable,
     cwd: str | os.PathLike | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run `world_size` ranks of `target` on 127.0.0.1 over a loopback shaped to `rate`.
 
@@ -269,7 +270,8 @@ def launch_workers(
     ordered by rank. Raises WorkerFailed on the first rank to exit non-zero and WorkersTimedOut
     after `timeout_s`; either way every worker and the namespace are gone before it returns.
     Logs are `rankN.stdout` / `rankN.stderr` in `output_dir`; without one, a temporary directory is
-    used, removed after success and kept (and named in the error) after a failure.
+    used, removed after success and kept (and named in the error) after a failure. `on_tick` is
+    called about twice a second while the workers run (a progress display).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -316,7 +318,7 @@ def launch_workers(
                         daemon=True,
                         name=f"cocod-wait-rank{rank}",
                     ).start()
-            _wait(procs, exits, timeout_s, log_dir, grace_s)
+            _wait(procs, exits, timeout_s, log_dir, grace_s, on_tick)
             results = _read_results(world_size, result_paths, log_dir)
             ok = True
             return results
@@ -328,7 +330,12 @@ def launch_workers(
 
 
 def _wait(
-    procs: list[subprocess.Popen], exits: queue.Queue, timeout_s: float, log_dir: Path, grace_s: float
+    procs: list[subprocess.Popen],
+    exits: queue.Queue,
+    timeout_s: float,
+    log_dir: Path,
+    grace_s: float,
+    on_tick: Callable[[], None] | None = None,
 ) -> None:
     pending = set(range(len(procs)))
     deadline = time.monotonic() + timeout_s
@@ -350,6 +357,8 @@ def _wait(
         try:
             rank, code = exits.get(timeout=min(remaining, 0.5))
         except queue.Empty:
+            if on_tick is not None:
+                on_tick()
             continue
         pending.discard(rank)
         if code != 0:

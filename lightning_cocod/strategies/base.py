@@ -91,6 +91,7 @@ class SyncStrategyBase(DDPStrategy):
         )
         self.average_buffers = average_buffers
         self.comm_stats = CommStats()
+        self.peak_buffer_bytes = 0
         # This rank's share in every average (sum over ranks = 1); None is the plain mean.
         self.weight: float | None = None
         self._comm: Communicator | None = None
@@ -198,9 +199,20 @@ class SyncStrategyBase(DDPStrategy):
             self._scratch = FlatBuffer(self._tensors)
         return average_blocking(self._tensors, self._scratch, self._comm, self.weight)
 
+    def _flat_buffers(self) -> list[FlatBuffer]:
+        """Every flat buffer this strategy holds (its memory overhead, in model copies)."""
+        return [self._scratch] if self._scratch is not None else []
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self._flat_buffers())
+
     def _record(self, handle: Handle, launch_step: int, nbytes: int) -> None:
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
         self.comm_stats.add(
-            RoundRecord(launch_step, self._steps, handle.comm_seconds, handle.exposed_seconds, nbytes)
+            RoundRecord(
+                launch_step, self._steps, handle.comm_seconds, handle.exposed_seconds, nbytes, handle.launched_at
+            )
         )
 
     # -- consistency points ----------------------------------------------------------------
@@ -212,6 +224,7 @@ class SyncStrategyBase(DDPStrategy):
         with torch.no_grad():
             self._flush()
             self._average_now()
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
 
     @override
     def on_train_end(self) -> None:
@@ -284,7 +297,10 @@ class SyncStrategyBase(DDPStrategy):
                 self._flush()
             self._comm.destroy()
             self._comm = None
+        # Teardown moves the model to the CPU, which rebinds every parameter's storage: the
+        # tensors captured here would go stale, so the next stage captures them afresh.
         self._scratch = None
+        self._tensors = []
         super().teardown()
 
     # -- registration ----------------------------------------------------------------------

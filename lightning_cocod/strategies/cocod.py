@@ -54,6 +54,10 @@ class CoCoDStrategy(SyncStrategyBase):
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
 
+    def _flat_buffers(self) -> list:
+        mine = [self._round.snapshot, self._round.average] if self._round is not None else []
+        return mine + super()._flat_buffers()
+
     def _before_step(self) -> None:
         assert self._round is not None
         if not self._round.pending:

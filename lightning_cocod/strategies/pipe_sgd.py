@@ -36,6 +36,10 @@ class PipeSGDStrategy(SyncStrategyBase):
         params = [p for p in self.lightning_module.parameters() if p.requires_grad]
         self._pipeline = GradientPipeline(params, self._comm)
 
+    def _flat_buffers(self) -> list:
+        mine = list(self._pipeline.buffers) if self._pipeline is not None else []
+        return mine + super()._flat_buffers()
+
     def _exchange(self) -> None:
         assert self._pipeline is not None
         _, waited = self._pipeline.exchange()

@@ -40,6 +40,7 @@ class FakeComm:
 class FakeHandle:
     comm_seconds = 0.0
     exposed_seconds = 0.0
+    launched_at = 0.0
 
     def __init__(self, comm: FakeComm, index: int, buckets: list[torch.Tensor]) -> None:
         self.comm, self.index, self.buckets = comm, index, buckets

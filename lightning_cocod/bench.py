@@ -1,0 +1,167 @@
+"""Step time of every method against the compute-only bound, over shaped links.
+
+    cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
+    cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --steps 32 --out runs/bench
+
+Each method runs through the real strategies and a real Lightning Trainer on the same model,
+batch and number of steps. The bound is the same steps on single-process Trainers, one per
+worker, side by side, with no process group at all. Step time is the mean over whole rounds
+after a warm-up, so the waits at round boundaries count. The strategy's own overhead is CoCoD
+on an unshaped link with a period longer than the run (no round completes) against the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_cocod.compare import label, markdown_table, run_method, steady_step_seconds
+from lightning_cocod.launch import format_rate, parse_rate
+
+METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
+PERIODIC = ("local_sgd", "cocod")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rates", default="300mbit", help="comma-separated link rates, e.g. 100mbit,1gbit,10gbit")
+    parser.add_argument("--tau", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--no-overhead", action="store_true", help="skip the strategy-overhead run")
+    parser.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
+    args = parser.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad or not args.methods:
+        parser.error(f"--methods {','.join(bad) or '(empty)'} not understood; accepted: {', '.join(METHODS)}")
+    try:
+        args.rate_list = [r.strip() for r in args.rates.split(",") if r.strip()]
+        args.rate_bps = [parse_rate(r) for r in args.rate_list]
+    except ValueError as err:
+        parser.error(str(err))
+    if not args.rate_list:
+        parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
+    args.warmup = args.tau if args.warmup is None else args.warmup
+    for name, low in (("workers", 2), ("tau", 1), ("batch_size", 1), ("warmup", 1)):
+        if getattr(args, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    if args.steps < args.warmup + 2 * args.tau:
+        parser.error(f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}")
+    return args
+
+
+def summarize(results: list[dict[str, Any]], warmup: int, period: int) -> dict[str, Any]:
+    """Figures of one run, averaged over its ranks (peak memory: the largest rank)."""
+    steps = [steady_step_seconds(r["step_ends"], warmup, period) for r in results]
+    comm = [r["comm"] for r in results if r.get("comm")]
+    return {
+        "step_seconds": sum(steps) / len(steps),
+        "step_seconds_per_rank": steps,
+        "exposed_seconds_per_step": (
+            sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"]) if comm else None
+        ),
+        "hidden_fraction": sum(c["hidden_fraction"] for c in comm) / len(comm) if comm else None,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
+        "buffer_copies": max(r.get("buffer_bytes", 0) for r in results) / results[0]["model_bytes"],
+        "model_bytes": results[0]["model_bytes"],
+    }
+
+
+def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [r for r in rates if r]  # an unshaped run has no place on a rate axis
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, by_rate in figures["methods"].items():
+        ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
+    ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label="compute only (bound)")
+    ax.set_xscale("log")
+    ax.set_xlabel("link rate (bit/s)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05,
+        "seed": 0, "steps": args.steps, "evaluate": False, "tau": args.tau,
+    }
+    total = f"/{args.steps}"
+    print(
+        f"cocod-bench: {args.model}, {args.workers} CPU workers x 1 thread, batch {args.batch_size}/worker, "
+        f"{args.steps} steps (first {args.warmup} discarded), tau={args.tau}, rates {', '.join(args.rate_list)}\n"
+    )
+    warmup = args.warmup
+    bound = summarize(run_method({**spec, "method": "bound"}, args.workers, None, out, total), warmup, 1)
+    figures: dict[str, Any] = {"args": {k: v for k, v in vars(args).items()}, "bound": bound, "methods": {}}
+    if not args.no_overhead:
+        idle = {**spec, "method": "cocod", "tau": args.steps + 1}
+        figures["overhead"] = summarize(run_method(idle, args.workers, None, out, total), warmup, 1)
+    for rate, bps in zip(args.rate_list, args.rate_bps):
+        for method in args.methods:
+            period = args.tau if method in PERIODIC else 1
+            result = summarize(run_method({**spec, "method": method}, args.workers, rate, out, total), warmup, period)
+            figures["methods"].setdefault(label(method, args.tau), {})[str(bps)] = result
+    (out / "bench.json").write_text(json.dumps(figures, indent=1))
+
+    rows = []
+    model_mb = bound["model_bytes"] / 1e6
+    for rate, bps in zip(args.rate_list, args.rate_bps):
+        ssgd = figures["methods"].get(label("ssgd"), {}).get(str(bps))
+        for name, by_rate in figures["methods"].items():
+            f = by_rate[str(bps)]
+            extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
+            rows.append([
+                format_rate(bps) if bps else "unshaped", name, f"{f['step_seconds']:.3f}",
+                f"{f['step_seconds'] / bound['step_seconds']:.2f}x",
+                f"{ssgd['step_seconds'] / f['step_seconds']:.2f}x" if ssgd else "n/a",
+                f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
+                f"{100 * f['hidden_fraction']:.0f}%" if f["hidden_fraction"] is not None else "n/a",
+                f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
+                f"{f['buffer_copies']:.1f}",
+            ])
+    headers = [
+        "link", "method", "step s", "vs bound", "vs S-SGD", "exposed s/step", "hidden",
+        "peak RSS/worker (vs bound)", "flat copies",
+    ]
+    table = markdown_table(headers, rows)
+    lines = [
+        f"bound (compute only): {bound['step_seconds']:.3f} s/step, peak RSS {bound['peak_rss_bytes'] / 2**20:.0f} MiB;"
+        f" model {model_mb:.1f} MB",
+    ]
+    if "overhead" in figures:
+        o = figures["overhead"]
+        lines.append(
+            f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
+            f"{100 * (o['step_seconds'] / bound['step_seconds'] - 1):+.1f}% vs the bound"
+        )
+    report = "\n".join([table, "", *lines])
+    print("\n" + report)
+    (out / "table.md").write_text(report + "\n")
+    plot(figures, args.rate_bps, out / "step_time_vs_rate.png", f"{args.model}, {args.workers} workers, tau={args.tau}")
+    print(f"\njson: {out / 'bench.json'}\nplot: {out / 'step_time_vs_rate.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Shared by the demo and the benchmark: run one method's workers with a progress line, and
+turn their step times into steady-state figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_cocod.callbacks import steady_step_seconds
+from lightning_cocod.launch import launch_workers
+
+__all__ = ["label", "markdown_table", "run_method", "steady_step_seconds"]
+
+METHOD_LABELS = {
+    "bound": "compute only (bound)",
+    "ssgd": "S-SGD (Lightning DDP)",
+    "local_sgd": "Local-SGD",
+    "pipe_sgd": "Pipe-SGD",
+    "cocod": "CoCoD-SGD",
+}
+
+
+def label(method: str, tau: int | None = None) -> str:
+    text = METHOD_LABELS.get(method, method)
+    return f"{text} tau={tau}" if method in ("local_sgd", "cocod") and tau else text
+
+
+class Progress:
+    """One status line per method: redrawn in place on a terminal, every few seconds otherwise."""
+
+    def __init__(self, title: str, path: Path, total: str) -> None:
+        self.title, self.path, self.total = title, path, total
+        self.started = time.monotonic()
+        self.last_print = 0.0
+        self.tty = sys.stdout.isatty()
+
+    def _line(self) -> str:
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return f"{self.title}: starting workers ({time.monotonic() - self.started:4.0f} s)"
+        acc = f"  test acc {state['accuracy']:.3f}" if "accuracy" in state else ""
+        return (
+            f"{self.title}: step {state['step']}{self.total}  epoch {state['epoch']}{acc}"
+            f"  ({time.monotonic() - self.started:4.0f} s)"
+        )
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.tty:
+            print("\r" + self._line().ljust(100), end="", flush=True)
+        elif now - self.last_print >= 5.0:
+            print(self._line(), flush=True)
+        else:
+            return
+        self.last_print = now
+
+    def done(self, text: str) -> None:
+        print(("\r" if self.tty else "") + f"{self.title}: {text}".ljust(100), flush=True)
+
+
+def run_method(
+    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, total: str = "", timeout_s: float = 1800
+) -> list[dict[str, Any]]:
+    """Run ``spec`` on ``workers`` ranks over a link shaped to ``rate``; returns each rank's result."""
+    name = f"{spec['method']}" + (f"-tau{spec['tau']}" if spec["method"] in ("local_sgd", "cocod") else "")
+    run_dir = out_dir / f"{name}-{rate or 'unshaped'}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress_path = run_dir / "progress.json"
+    progress_path.unlink(missing_ok=True)
+    spec = {**spec, "progress_path": str(progress_path)}
+    progress = Progress(f"{label(spec['method'], spec.get('tau')):<26} @ {rate or 'unshaped'}", progress_path, total)
+    results = launch_workers(
+        "lightning_cocod.worker",
+        workers,
+        rate,
+        [json.dumps(spec)],
+        timeout_s=timeout_s,
+        output_dir=run_dir,
+        name_prefix="cocod-cmp",
+        on_tick=progress.tick,
+    )
+    (run_dir / "results.json").write_text(json.dumps(results))
+    progress.done(f"done in {time.monotonic() - progress.started:.0f} s")
+    return results
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

@@ -1,0 +1,151 @@
+"""One rank of a comparison run, started by ``lightning_cocod.launch.launch_workers``.
+
+``python -m lightning_cocod.worker '<spec json>'`` trains one method through a real Lightning
+``Trainer`` and writes what the demo and the benchmark need: step end times, accuracy against
+wall time, the strategy's communication figures, peak memory. The method "bound" is the
+compute-only bound: the same steps on a single-process Trainer with no process group at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
+from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
+from lightning_cocod.launch import write_result
+from lightning_cocod.models import ClassifierModule, build_model
+from lightning_cocod.strategies import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+
+METHODS = ("bound", "ssgd", "local_sgd", "pipe_sgd", "cocod")
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+
+
+def make_strategy(method: str, tau: int) -> Any:
+    if method == "bound":
+        return "auto"
+    if method == "ssgd":
+        return "ssgd"
+    if method == "local_sgd":
+        return LocalSGDStrategy(tau=tau)
+    if method == "pipe_sgd":
+        return PipeSGDStrategy()
+    if method == "cocod":
+        return CoCoDStrategy(tau=tau)
+    raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+
+
+def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
+    if spec["data"] == "digits":
+        return DigitsDataModule(batch_size=spec["batch_size"], seed=spec["seed"])
+    if spec["data"] == "synthetic":
+        # Enough samples that no epoch boundary (a data reload) falls inside the timed steps.
+        samples = spec["batch_size"] * world_size * (spec["steps"] + 1)
+        return SyntheticDataModule(
+            num_samples=samples, batch_size=spec["batch_size"], seed=spec["seed"], num_eval_samples=64
+        )
+    raise ValueError(f"data {spec['data']!r} is not one of digits, synthetic")
+
+
+class ProgressFile(pl.Callback):
+    """Rank 0 writes where it is, so the launching process can show progress."""
+
+    def __init__(self, path: str, timer: StepTimer) -> None:
+        self.path, self.timer = Path(path), timer
+        self.last_write = 0.0
+
+    def _write(self, trainer: pl.Trainer, **extra: Any) -> None:
+        record = {"step": trainer.global_step, "epoch": trainer.current_epoch, "seconds": self.timer.elapsed, **extra}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.path)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.is_global_zero and time.monotonic() - self.last_write > 0.3:
+            self.last_write = time.monotonic()
+            self._write(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
+            self._write(trainer, accuracy=float(trainer.callback_metrics["val/acc"]))
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    torch.set_num_threads(spec.get("threads", 1))
+    method = spec["method"]
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if method == "bound":  # no process group: drop what would make Lightning join one
+        for key in _DIST_ENV:
+            os.environ.pop(key, None)
+    pl.seed_everything(spec["seed"], verbose=False)
+    data = make_data(spec, 1 if method == "bound" else world_size)
+    in_channels = 1 if spec["data"] == "digits" else 3
+    net = build_model(spec["model"], 10, in_channels=in_channels, **spec.get("model_kwargs", {}))
+    model = ClassifierModule(net, lr=spec["lr"], momentum=0.9, weight_decay=spec.get("weight_decay", 5e-4), schedule="none")
+    timer = StepTimer()
+    timeline = AccuracyTimeline(timer)
+    callbacks: list[pl.Callback] = [timer, timeline]
+    if spec.get("progress_path"):
+        callbacks.append(ProgressFile(spec["progress_path"], timer))
+    evaluate = bool(spec.get("evaluate", False))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1 if method == "bound" else world_size,
+        num_nodes=1,
+        strategy=make_strategy(method, spec.get("tau", 4)),
+        max_steps=spec.get("steps") or -1,
+        max_epochs=spec.get("epochs"),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1.0 if evaluate else 0,
+        callbacks=callbacks,
+    )
+    started = time.perf_counter()
+    trainer.fit(model, datamodule=data)
+    train_seconds = time.perf_counter() - started
+    test_acc = None
+    if evaluate:
+        test_acc = float(trainer.test(model, datamodule=data, verbose=False)[0]["test/acc"])
+    stats = getattr(trainer.strategy, "comm_stats", None)
+    buffer_bytes = getattr(trainer.strategy, "peak_buffer_bytes", 0)
+    model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    return {
+        "method": method,
+        "rank": rank,
+        "world_size": 1 if method == "bound" else world_size,
+        "tau": spec.get("tau"),
+        "step_ends": timer.step_ends,
+        "started": timer.started,
+        "train_seconds": train_seconds,
+        "timeline": timeline.points,
+        "test_acc": test_acc,
+        "comm": stats.summary() if stats is not None else None,
+        "rounds": [[r.launch_step, r.finish_step, r.comm_seconds, r.exposed_seconds] for r in stats.rounds]
+        if stats is not None
+        else [],
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "model_bytes": model_bytes,
+        "buffer_bytes": buffer_bytes,  # most flat-buffer memory the strategy held at once
+        "num_parameters": sum(p.numel() for p in net.parameters()),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    write_result(run(json.loads(argv[0])))
+
+
+if __name__ == "__main__":
+    main()
