@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from lightning_cocod.core import CoCoDRound
+from lightning_cocod.core import CoCoDRound, FlatBuffer, Handle
+from lightning_cocod.core.adapt import AdaptivePeriod
 from lightning_cocod.strategies.base import SyncStrategyBase
+
+log = logging.getLogger(__name__)
 
 
 def check_period(owner: str, tau: Any) -> int:
@@ -23,8 +29,9 @@ class CoCoDStrategy(SyncStrategyBase):
     Every ``tau`` optimizer steps a round ends and the next begins. At the start of a round each
     worker snapshots its model and launches a non-blocking all-reduce of the snapshot on a
     process group of its own; it then takes ``tau`` local steps with no communication, and only
-    then waits and merges: ``x_i <- mean_j snap_j + (x_i - snap_i)``. A partial last round is
-    merged when fit ends, followed by a plain average so every rank ends with the same weights.
+    then waits and merges: ``x_i <- sum_j p_j snap_j + (x_i - snap_i)`` (``p_j = 1/N`` unless
+    proportional sampling sets ``weight``). A partial last round is merged when fit ends,
+    followed by a plain average so every rank ends with the same weights.
 
     The merge happens in ``optimizer_step`` rather than in a callback: it has to happen exactly
     once per optimizer step (not per batch: gradient accumulation, manual optimization), before
@@ -33,7 +40,10 @@ class CoCoDStrategy(SyncStrategyBase):
     strategy installs (``CommStatsLogger``).
 
     Args:
-        tau: optimizer steps per round (the paper's k); the all-reduce hides behind them.
+        tau: optimizer steps per round (the paper's k), or ``"auto"``: the smallest period that
+            hides the measured communication time, re-chosen every round from figures all
+            ranks agree on (they travel with the round's all-reduce); the first round uses 4.
+        tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and 64).
         average_buffers: round BatchNorm running statistics (floating-point buffers) with the
             parameters; integer buffers always stay local.
     """
@@ -41,39 +51,90 @@ class CoCoDStrategy(SyncStrategyBase):
     strategy_name = "cocod"
     strategy_description = "CoCoD-SGD: all-reduce of the round-start model overlapped with tau local steps"
 
-    def __init__(self, tau: int = 4, **kwargs: Any) -> None:
-        self.tau = check_period(type(self).__name__, tau)
+    def __init__(self, tau: int | str = 4, tau_min: int | None = None, tau_max: int | None = None, **kwargs: Any):
+        owner = type(self).__name__
+        self._adaptive: AdaptivePeriod | None = None
+        if tau == "auto":
+            try:
+                self._adaptive = AdaptivePeriod(tau_min or 1, tau_max or 64)
+            except ValueError as err:
+                raise ValueError(f"{owner}: {err}") from None
+            self.tau = self._adaptive.tau
+        else:
+            if isinstance(tau, str):
+                raise ValueError(f"{owner}: tau must be a positive integer or 'auto', got {tau!r}")
+            self.tau = check_period(owner, tau)
+            if tau_min is not None or tau_max is not None:
+                raise ValueError(f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset")
         super().__init__(**kwargs)
         self._round: CoCoDRound | None = None
         self._launch_step = 0
+        self._round_started = 0.0
+        # tau="auto": last round's (communication seconds, seconds per step), agreed on through
+        # a tiny all-reduce that rides behind the model's in the same round.
+        self._figures: FlatBuffer | None = None
+        self._figures_handle: Handle | None = None
+        self._measured = (0.0, 0.0)
+        self.tau_history: list[tuple[int, int]] = []
 
     def _options(self) -> dict[str, Any]:
-        return {"tau": self.tau, **super()._options()}
+        tau: Any = "auto" if self._adaptive else self.tau
+        return {"tau": tau, **super()._options()}
 
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
+        self._figures = FlatBuffer([torch.zeros(2, dtype=torch.float64, device=self.root_device)])
+        self._measured = (0.0, 0.0)
+        self.tau_history = [(0, self.tau)]
 
-    def _flat_buffers(self) -> list:
+    def _flat_buffers(self) -> list[FlatBuffer]:
         mine = [self._round.snapshot, self._round.average] if self._round is not None else []
         return mine + super()._flat_buffers()
 
     def _before_step(self) -> None:
-        assert self._round is not None
-        if not self._round.pending:
-            self._round.weight = self.weight
-            self._round.begin()
-            self._launch_step = self._steps
+        assert self._round is not None and self._comm is not None
+        if self._round.pending:
+            return
+        self._round.weight = self.weight
+        self._round.begin()
+        self._launch_step = self._steps
+        self._round_started = time.perf_counter()
+        if self._adaptive is not None:
+            assert self._figures is not None
+            self._figures.buckets[0].copy_(torch.tensor(self._measured, dtype=torch.float64))
+            self._figures_handle = self._comm.start_mean(self._figures.buckets)
 
     def _after_step(self) -> None:
         if self._steps - self._launch_step >= self.tau:
             self._flush()
 
     def _flush(self) -> None:
-        if self._round is not None and self._round.pending:
-            handle = self._round.finish()
-            self._record(handle, self._launch_step, self._round.nbytes)
+        if self._round is None or not self._round.pending:
+            return
+        steps = self._steps - self._launch_step
+        compute = time.perf_counter() - self._round_started
+        handle = self._round.finish()
+        self._record(handle, self._launch_step, self._round.nbytes)
+        if self._figures_handle is not None:
+            self._figures_handle.wait()
+            self._figures_handle = None
+            self._adapt_period(*self._figures.buckets[0].tolist())
+            self._measured = (handle.comm_seconds, compute / steps if steps else 0.0)
+
+    def _adapt_period(self, comm_seconds: float, step_seconds: float) -> None:
+        assert self._adaptive is not None
+        old, new = self.tau, self._adaptive.update(comm_seconds, step_seconds)
+        if new != old:
+            self.tau = new
+            self.tau_history.append((self._steps, new))
+            if self.is_global_zero:
+                log.info(
+                    f"CoCoD tau {old} -> {new} at step {self._steps} "
+                    f"(communication {comm_seconds:.3f} s per round, {step_seconds:.3f} s per step)"
+                )
 
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
             self._round.handle = None
+        self._figures_handle = None

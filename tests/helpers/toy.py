@@ -85,6 +85,7 @@ class ToyRegression(pl.LightningModule):
         stats = getattr(self.trainer.strategy, "comm_stats", None)
         if stats is not None:
             record["rounds"] = [[r.launch_step, r.finish_step] for r in stats.rounds]
+            record["waits"] = [[r.exposed_seconds, r.comm_seconds] for r in stats.rounds]
             record["summary"] = stats.summary()
         (self.out_dir / f"rank{self.global_rank}.json").write_text(json.dumps(record))
 

@@ -1,0 +1,60 @@
+"""Proportional split and the adaptive period against hand-computed values; bad input."""
+
+import pytest
+
+from lightning_cocod import CoCoDStrategy
+from lightning_cocod.core.adapt import AdaptivePeriod, proportional_split
+from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+
+
+@pytest.mark.parametrize(
+    ("batch", "caps", "expected"),
+    [
+        (48, [2.0, 1.0], [32, 16]),
+        (48, [1.0, 1.0], [24, 24]),
+        (10, [1.0, 1.0, 1.0], [4, 3, 3]),  # 1 + 7/3 each: the tie goes to the lowest rank
+        (4, [1000.0, 1.0, 1.0, 1.0], [1, 1, 1, 1]),  # everyone keeps one sample
+        (100, [3.0, 1.0], [75, 25]),
+        (7, [1.0, 2.0], [2, 5]),  # 2.33 and 4.67: the larger remainder takes the spare sample
+    ],
+)
+def test_proportional_split(batch, caps, expected):
+    sizes = proportional_split(batch, caps)
+    assert sizes == expected and sum(sizes) == batch
+
+
+def test_proportional_split_rejects_what_cannot_fit():
+    with pytest.raises(ValueError, match="global batch 3 cannot give each of 4 workers at least one sample"):
+        proportional_split(3, [1.0] * 4)
+    with pytest.raises(ValueError, match="capabilities must be positive finite"):
+        proportional_split(8, [1.0, 0.0])
+
+
+def test_adaptive_period_hides_the_measured_communication():
+    period = AdaptivePeriod(tau_min=1, tau_max=64, initial=4, margin=1.2, smoothing=1.0)
+    assert period.tau == 4
+    assert period.update(comm_seconds=2.4, step_seconds=0.68) == 5  # ceil(1.2 * 2.4 / 0.68) = ceil(4.24)
+    assert period.update(comm_seconds=7.2, step_seconds=0.68) == 13  # 100 Mbit/s: ceil(12.7)
+    assert period.update(comm_seconds=0.05, step_seconds=0.68) == 1
+    assert period.update(comm_seconds=100.0, step_seconds=0.1) == 64  # clamped
+    assert period.update(comm_seconds=1.0, step_seconds=0.0) == 64  # nothing measured: unchanged
+
+
+def test_adaptive_period_smooths():
+    period = AdaptivePeriod(margin=1.0, smoothing=0.5)
+    period.update(1.0, 0.1)  # first figures taken as they are: tau 10
+    assert period.update(3.0, 0.1) == 20  # (1 + 3) / 2 = 2 s over 0.1 s
+
+
+def test_bad_heterogeneous_input_is_named():
+    with pytest.raises(ValueError, match=r"tau_min=8 > tau_max=4"):
+        CoCoDStrategy(tau="auto", tau_min=8, tau_max=4)
+    with pytest.raises(ValueError, match="tau_min/tau_max bound tau='auto' only"):
+        CoCoDStrategy(tau=4, tau_max=16)
+    with pytest.raises(ValueError, match="tau must be a positive integer or 'auto', got 'fast'"):
+        CoCoDStrategy(tau="fast")
+    with pytest.raises(ValueError, match=r"slowdown factors must be numbers >= 1.*\[1, 0.5\]"):
+        SimulatedSlowdown([1, 0.5])
+    with pytest.raises(ValueError, match=r"batch_sizes \[30, 20\] must be positive integers summing to global_batch_size=48"):
+        ProportionalSampling(48, batch_sizes=[30, 20])
+    assert repr(CoCoDStrategy(tau="auto")).startswith("CoCoDStrategy(tau='auto'")

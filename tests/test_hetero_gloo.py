@@ -1,0 +1,131 @@
+"""Heterogeneous workers and tau="auto" on 2 gloo processes."""
+
+import json
+import time
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_cocod import CoCoDStrategy
+from lightning_cocod.data import DigitsDataModule
+from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+from tests.helpers import toy
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+
+class PerSampleWork(pl.LightningModule):
+    """1 ms of 'compute' per sample (a sleep), so throughput is proportional to speed."""
+
+    def __init__(self, out_dir):
+        super().__init__()
+        self.net = torch.nn.Linear(64, 10)
+        self.out_dir = out_dir
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        time.sleep(0.001 * len(x))
+        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_fit_end(self):
+        sampling = next(cb for cb in self.trainer.callbacks if isinstance(cb, ProportionalSampling))
+        record = {"history": sampling.history, "weight": self.trainer.strategy.weight}
+        (self.out_dir / f"rank{self.global_rank}.json").write_text(json.dumps(record))
+
+
+def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path):
+    sampling = ProportionalSampling(global_batch_size=48)
+    trainer = pl.Trainer(
+        strategy=CoCoDStrategy(tau=4, start_method="fork"), accelerator="cpu", devices=2, max_epochs=3,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0,
+        callbacks=[sampling, SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001)],
+    )
+    trainer.fit(PerSampleWork(tmp_path), datamodule=DigitsDataModule(batch_size=24))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["history"] == ranks[1]["history"]  # every rank agreed on every split
+    history = ranks[0]["history"]
+    assert history[0] == [0, [24, 24]]  # the warm-up epoch is split evenly
+    final = history[-1][1]
+    assert sum(final) == 48 and 29 <= final[0] <= 34, history  # about 2:1 (32:16)
+    assert ranks[0]["weight"] == final[0] / 48 and ranks[1]["weight"] == final[1] / 48
+
+
+class SlowLink(pl.Callback):
+    """Every collective of the strategy's group takes at least `seconds` (a known link)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def setup(self, trainer, pl_module, stage):
+        inner, seconds = trainer.strategy._comm, self.seconds
+
+        class Delayed:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def start_mean(self, buckets, weight=None):
+                handle = inner.start_mean(buckets, weight)
+                real_wait = handle.wait
+
+                class DelayedHandle:
+                    launched_at = handle.launched_at
+                    exposed_seconds = 0.0
+
+                    def wait(self):
+                        start = time.perf_counter()
+                        real_wait()
+                        time.sleep(max(0.0, handle.launched_at + seconds - time.perf_counter()))
+                        self.exposed_seconds = time.perf_counter() - start
+
+                    def is_completed(self):
+                        return time.perf_counter() >= handle.launched_at + seconds
+
+                    @property
+                    def comm_seconds(self):
+                        return max(handle.comm_seconds, seconds)
+
+                return DelayedHandle()
+
+        trainer.strategy._comm = Delayed()
+
+
+class SteadySteps(toy.ToyRegression):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+    def on_fit_end(self):
+        super().on_fit_end()
+        strategy = self.trainer.strategy
+        (self.out_dir / f"tau{self.global_rank}.json").write_text(json.dumps(strategy.tau_history))
+
+
+def test_auto_tau_hides_a_known_communication_time_and_ranks_agree(tmp_path):
+    steps, comm = 80, 0.12
+    trainer = pl.Trainer(
+        strategy=CoCoDStrategy(tau="auto", start_method="fork"), accelerator="cpu", devices=2, max_steps=steps,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=[SlowLink(comm)],
+    )
+    trainer.fit(SteadySteps(steps, str(tmp_path)))
+    histories = [json.loads((tmp_path / f"tau{r}.json").read_text()) for r in range(2)]
+    assert histories[0] == histories[1]
+    final_tau = histories[0][-1][1]
+    # Steps take 20 ms of sleep plus Lightning's overhead: hiding 120 ms takes 5 to 8 of them
+    # (ceil(1.2 * 0.12 / step)); the smallest such period, not the maximum.
+    assert 4 <= final_tau <= 8, histories[0]
+    ranks = toy.read_ranks(tmp_path, 2)
+    assert ranks[0]["final"] == ranks[1]["final"]
+    late = [
+        wait for (launch, finish), wait in zip(ranks[0]["rounds"], ranks[0]["waits"])
+        if launch >= histories[0][-1][0] and finish - launch == final_tau
+    ]
+    assert late, "no full round ran at the final period"
+    exposed, communication = (sum(w[i] for w in late) for i in (0, 1))
+    # A fixed tau=1 would leave ~80% exposed; the margin allows for a loaded CI machine.
+    assert exposed < 0.5 * communication, late
