@@ -1,7 +1,11 @@
 """Step time of every method against the compute-only bound, over shaped links.
 
     cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
-    cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --steps 32 --out runs/bench
+    cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
+    cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
+
+A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
+(proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``.
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,
 batch and number of steps. The bound is the same steps on single-process Trainers, one per
@@ -26,6 +30,29 @@ METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
 PERIODIC = ("local_sgd", "cocod")
 
 
+def parse_method(token: str, default_tau: int) -> dict[str, Any]:
+    """'cocod:auto:ps' -> {"method": "cocod", "tau": "auto", "proportional": True}."""
+    name, *options = token.split(":")
+    if name not in METHODS:
+        raise ValueError(f"method {token!r} not understood; accepted: {', '.join(METHODS)} with :TAU, :auto, :ps")
+    spec: dict[str, Any] = {"method": name, "tau": default_tau, "proportional": False}
+    for option in options:
+        if option == "ps" and name in PERIODIC:
+            spec["proportional"] = True
+        elif option == "auto" and name == "cocod":
+            spec["tau"] = "auto"
+        elif option.isdigit() and int(option) >= 1 and name in PERIODIC:
+            spec["tau"] = int(option)
+        else:
+            raise ValueError(f"option {option!r} of method {token!r} not understood (accepted: TAU, auto for cocod, ps)")
+    return spec
+
+
+def method_label(spec: dict[str, Any]) -> str:
+    text = label(spec["method"], spec["tau"] if spec["method"] in PERIODIC else None)
+    return text + (" +PS" if spec["proportional"] else "")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
@@ -35,19 +62,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(METHODS), help="e.g. ssgd,cocod,cocod:auto,cocod:ps")
+    parser.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)")
+    parser.add_argument("--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the strategy-overhead run")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
     args = parser.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.methods if m not in METHODS]
-    if bad or not args.methods:
-        parser.error(f"--methods {','.join(bad) or '(empty)'} not understood; accepted: {', '.join(METHODS)}")
     try:
+        args.method_specs = [parse_method(m.strip(), args.tau) for m in args.methods.split(",") if m.strip()]
+        if not args.method_specs:
+            raise ValueError(f"--methods is empty; accepted: {', '.join(METHODS)}")
+        args.slowdown_factors = None
+        if args.slowdown:
+            from lightning_cocod.hetero import check_slowdowns
+
+            args.slowdown_factors = check_slowdowns([float(f) for f in args.slowdown.split(",")], args.workers)
         args.rate_list = [r.strip() for r in args.rates.split(",") if r.strip()]
         args.rate_bps = [parse_rate(r) for r in args.rate_list]
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
+    if any(m["proportional"] for m in args.method_specs) and args.epoch_steps is None:
+        args.epoch_steps = 2 * args.tau  # proportional sampling re-splits at epoch boundaries
     if not args.rate_list:
         parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
     args.warmup = args.tau if args.warmup is None else args.warmup
@@ -59,9 +94,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def summarize(results: list[dict[str, Any]], warmup: int, period: int) -> dict[str, Any]:
+def round_ends(result: dict[str, Any]) -> list[int]:
+    """Steps at which a full round ended inside a step (a partial last round, merged when fit
+    ends, is not one); a round of tau="auto" has the period in force when it was launched."""
+    history = result.get("tau_history") or []
+    ends = []
+    for launch, finish, *_ in result["rounds"]:
+        taus = [tau for step, tau in history if step <= launch]
+        if not taus or finish - launch == taus[-1]:
+            ends.append(finish)
+    return sorted(set(ends))
+
+
+def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
+    """Mean step time between the first and the last round end after the warm-up."""
+    ends = [e for e in round_ends(result) if e >= warmup]
+    if len(ends) < 2:
+        raise ValueError(f"fewer than two round ends after {warmup} warm-up steps ({ends}): run more steps")
+    t = result["step_ends"]
+    return (t[ends[-1] - 1] - t[ends[0] - 1]) / (ends[-1] - ends[0])
+
+
+def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
     """Figures of one run, averaged over its ranks (peak memory: the largest rank)."""
-    steps = [steady_step_seconds(r["step_ends"], warmup, period) for r in results]
+    if periodic:
+        steps = [steady_over_rounds(r, warmup) for r in results]
+    else:
+        steps = [steady_step_seconds(r["step_ends"], warmup, 1) for r in results]
     comm = [r["comm"] for r in results if r.get("comm")]
     return {
         "step_seconds": sum(steps) / len(steps),
@@ -72,6 +131,8 @@ def summarize(results: list[dict[str, Any]], warmup: int, period: int) -> dict[s
         "hidden_fraction": sum(c["hidden_fraction"] for c in comm) / len(comm) if comm else None,
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
         "buffer_copies": max(r.get("buffer_bytes", 0) for r in results) / results[0]["model_bytes"],
+        "tau_history": results[0].get("tau_history"),
+        "batch_split_history": results[0].get("batch_split_history"),
         "model_bytes": results[0]["model_bytes"],
     }
 
@@ -104,24 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     spec = {
         "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05,
-        "seed": 0, "steps": args.steps, "evaluate": False, "tau": args.tau,
+        "seed": 0, "steps": args.steps, "evaluate": False, "tau": args.tau, "slowdown": args.slowdown_factors,
     }
+    if args.epoch_steps:
+        spec["epoch_steps"] = args.epoch_steps
     total = f"/{args.steps}"
     print(
         f"cocod-bench: {args.model}, {args.workers} CPU workers x 1 thread, batch {args.batch_size}/worker, "
-        f"{args.steps} steps (first {args.warmup} discarded), tau={args.tau}, rates {', '.join(args.rate_list)}\n"
+        f"{args.steps} steps (first {args.warmup} discarded), tau={args.tau}, rates {', '.join(args.rate_list)}"
+        + (f", slowdown {args.slowdown_factors}" if args.slowdown_factors else "")
+        + "\n"
     )
     warmup = args.warmup
-    bound = summarize(run_method({**spec, "method": "bound"}, args.workers, None, out, total), warmup, 1)
+    bound = summarize(run_method({**spec, "method": "bound"}, args.workers, None, out, total), warmup, False)
     figures: dict[str, Any] = {"args": {k: v for k, v in vars(args).items()}, "bound": bound, "methods": {}}
     if not args.no_overhead:
         idle = {**spec, "method": "cocod", "tau": args.steps + 1}
-        figures["overhead"] = summarize(run_method(idle, args.workers, None, out, total), warmup, 1)
+        figures["overhead"] = summarize(run_method(idle, args.workers, None, out, total), warmup, False)
     for rate, bps in zip(args.rate_list, args.rate_bps):
-        for method in args.methods:
-            period = args.tau if method in PERIODIC else 1
-            result = summarize(run_method({**spec, "method": method}, args.workers, rate, out, total), warmup, period)
-            figures["methods"].setdefault(label(method, args.tau), {})[str(bps)] = result
+        for method in args.method_specs:
+            runs = run_method({**spec, **method}, args.workers, rate, out, total)
+            result = summarize(runs, warmup, method["method"] in PERIODIC)
+            figures["methods"].setdefault(method_label(method), {})[str(bps)] = result
     (out / "bench.json").write_text(json.dumps(figures, indent=1))
 
     rows = []

@@ -67,12 +67,14 @@ def run_method(
 ) -> list[dict[str, Any]]:
     """Run ``spec`` on ``workers`` ranks over a link shaped to ``rate``; returns each rank's result."""
     name = f"{spec['method']}" + (f"-tau{spec['tau']}" if spec["method"] in ("local_sgd", "cocod") else "")
+    name += "-ps" if spec.get("proportional") else ""
     run_dir = out_dir / f"{name}-{rate or 'unshaped'}"
     run_dir.mkdir(parents=True, exist_ok=True)
     progress_path = run_dir / "progress.json"
     progress_path.unlink(missing_ok=True)
     spec = {**spec, "progress_path": str(progress_path)}
-    progress = Progress(f"{label(spec['method'], spec.get('tau')):<26} @ {rate or 'unshaped'}", progress_path, total)
+    title = label(spec["method"], spec.get("tau")) + (" +PS" if spec.get("proportional") else "")
+    progress = Progress(f"{title:<30} @ {rate or 'unshaped'}", progress_path, total)
     results = launch_workers(
         "lightning_cocod.worker",
         workers,

@@ -21,6 +21,7 @@ import torch
 
 from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
+from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
 from lightning_cocod.launch import write_result
 from lightning_cocod.models import ClassifierModule, build_model
 from lightning_cocod.strategies import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
@@ -29,7 +30,7 @@ METHODS = ("bound", "ssgd", "local_sgd", "pipe_sgd", "cocod")
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
-def make_strategy(method: str, tau: int) -> Any:
+def make_strategy(method: str, tau: int | str) -> Any:
     if method == "bound":
         return "auto"
     if method == "ssgd":
@@ -47,8 +48,9 @@ def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
     if spec["data"] == "digits":
         return DigitsDataModule(batch_size=spec["batch_size"], seed=spec["seed"])
     if spec["data"] == "synthetic":
-        # Enough samples that no epoch boundary (a data reload) falls inside the timed steps.
-        samples = spec["batch_size"] * world_size * (spec["steps"] + 1)
+        # By default enough samples that no epoch boundary falls inside the timed steps;
+        # proportional sampling re-splits at epoch boundaries, so it asks for short epochs.
+        samples = spec["batch_size"] * world_size * spec.get("epoch_steps", spec["steps"] + 1)
         return SyntheticDataModule(
             num_samples=samples, batch_size=spec["batch_size"], seed=spec["seed"], num_eval_samples=64
         )
@@ -96,6 +98,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     callbacks: list[pl.Callback] = [timer, timeline]
     if spec.get("progress_path"):
         callbacks.append(ProgressFile(spec["progress_path"], timer))
+    if spec.get("slowdown") and method != "bound":
+        callbacks.append(SimulatedSlowdown(spec["slowdown"]))
+    elif spec.get("slowdown"):  # the bound of a heterogeneous run: each worker alone, at its own speed
+        callbacks.append(SimulatedSlowdown([spec["slowdown"][rank]]))
+    sampling = None
+    if spec.get("proportional") and method != "bound":
+        sampling = ProportionalSampling(global_batch_size=spec["batch_size"] * world_size)
+        callbacks.append(sampling)
     evaluate = bool(spec.get("evaluate", False))
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -139,6 +149,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "model_bytes": model_bytes,
         "buffer_bytes": buffer_bytes,  # most flat-buffer memory the strategy held at once
         "num_parameters": sum(p.numel() for p in net.parameters()),
+        "tau_history": getattr(trainer.strategy, "tau_history", None),
+        "batch_split_history": sampling.history if sampling is not None else None,
     }
 
 
