@@ -1,0 +1,173 @@
+"""Checks on a composed config that need nothing but OmegaConf: types, ranges, known names.
+
+The second pass, which imports the ``_target_`` classes, is in ``objects``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+METHODS = {
+    "CoCoDStrategy": "cocod",
+    "LocalSGDStrategy": "local_sgd",
+    "PipeSGDStrategy": "pipe_sgd",
+    "DDPStrategy": "ssgd",
+}
+LAUNCHERS = {
+    # The cpu/gpu launchers start the ranks of each job themselves; torchrun/slurm find them started.
+    "cpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "rate", "timeout_s"},
+    "gpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "timeout_s"},
+    "torchrun": {"accelerator", "devices", "num_nodes", "backend"},
+    "slurm": {"accelerator", "devices", "num_nodes", "backend"},
+}
+TOP_KEYS = {
+    *("strategy", "model", "dataset", "data", "launcher", "logger", "trainer"),
+    *("name", "group", "run_id", "out_root", "seed", "max_epochs", "max_steps", "target_accuracy"),
+    "step_time_warmup",
+}
+DATASET_KEYS = {"name", "num_classes", "in_channels"}
+# Trainer arguments the app derives from the launcher, strategy and logger groups.
+APP_TRAINER_KEYS = {
+    "accelerator",
+    "devices",
+    "num_nodes",
+    "strategy",
+    "logger",
+    "callbacks",
+    "default_root_dir",
+}
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
+
+
+class ConfigError(ValueError):
+    """A bad config, said in one line that names the key and what it accepts."""
+
+
+def bad(key: str, value: Any, accepted: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid; accepted: {accepted}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
+    if not _is_int(value) or value < 1:
+        raise bad(key, value, what)
+
+
+def _unknown(node: DictConfig, section: str, allowed: set[str]) -> None:
+    extra = sorted(set(node) - allowed)
+    if extra:
+        raise ConfigError(
+            f"unknown key '{section}.{extra[0]}'; {section} accepts: {', '.join(sorted(allowed))}"
+        )
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def method_of(strategy: DictConfig) -> str:
+    target = str(strategy.get("_target_", ""))
+    method = METHODS.get(target.rpartition(".")[2])
+    if method is None:
+        raise bad(
+            "strategy._target_",
+            target,
+            "a class among " + ", ".join(METHODS) + " (strategy=" + "|".join(METHODS.values()) + ")",
+        )
+    return method
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Everything that needs no import beyond OmegaConf: types, ranges, known names."""
+    try:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
+        raise ConfigError(f"cannot resolve the config: {first_line(err)}") from None
+    assert isinstance(resolved, dict)
+    extra = sorted(set(resolved) - TOP_KEYS)
+    if extra:
+        raise ConfigError(f"unknown key '{extra[0]}'; the top level accepts: {', '.join(sorted(TOP_KEYS))}")
+    for key in ("name", "group", "run_id"):
+        if not isinstance(cfg[key], str) or not _SAFE_NAME.match(cfg[key]):
+            raise bad(key, cfg[key], "a non-empty name of letters, digits and _ . = , + - (it names folders)")
+    if not _is_int(cfg.seed) or cfg.seed < 0:
+        raise bad("seed", cfg.seed, "an integer >= 0")
+    if cfg.max_epochs is not None:
+        _positive_int("max_epochs", cfg.max_epochs, "null or a positive integer")
+    if not _is_int(cfg.max_steps) or (cfg.max_steps < 1 and cfg.max_steps != -1):
+        raise bad("max_steps", cfg.max_steps, "-1 (no limit) or a positive integer")
+    if cfg.max_epochs is None and cfg.max_steps == -1:
+        raise bad(
+            "max_epochs", None, "a positive integer, or set max_steps: with neither, training never stops"
+        )
+    target = cfg.target_accuracy
+    if target is not None and (
+        not isinstance(target, (int, float)) or isinstance(target, bool) or not 0 < target <= 1
+    ):
+        raise bad("target_accuracy", target, "null or a fraction in (0, 1], e.g. 0.93")
+    _positive_int("step_time_warmup", cfg.step_time_warmup)
+
+    _unknown(cfg.dataset, "dataset", DATASET_KEYS)
+    _positive_int("dataset.num_classes", cfg.dataset.num_classes)
+    _positive_int("dataset.in_channels", cfg.dataset.in_channels)
+    _positive_int(
+        "data.batch_size", cfg.data.get("batch_size"), "a positive integer (samples per rank per step)"
+    )
+    if cfg.data.get("eval_batch_size") is not None:
+        _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
+
+    method = method_of(cfg.strategy)
+    if method in ("cocod", "local_sgd"):
+        _positive_int(
+            "strategy.tau", cfg.strategy.get("tau"), "a positive integer (optimizer steps per round)"
+        )
+    if cfg.strategy.get("start_method", "popen") != "popen":
+        raise bad(
+            "strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist before the Trainer)"
+        )
+    _check_launcher(cfg)
+
+    bad_trainer = sorted(APP_TRAINER_KEYS & set(cfg.trainer))
+    if bad_trainer:
+        raise ConfigError(
+            f"trainer.{bad_trainer[0]} is set by the app; use the launcher/strategy/logger groups instead"
+        )
+
+
+def _check_launcher(cfg: DictConfig) -> None:
+    launcher = cfg.launcher
+    name = launcher.get("name")
+    if name not in LAUNCHERS:
+        raise bad("launcher.name", name, ", ".join(LAUNCHERS))
+    _unknown(launcher, "launcher", LAUNCHERS[name] | {"name", "run_id"})
+    _positive_int("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
+    _positive_int("launcher.num_nodes", launcher.num_nodes)
+    if name in ("cpu", "gpu"):
+        if launcher.num_nodes != 1:
+            raise bad(
+                "launcher.num_nodes",
+                launcher.num_nodes,
+                f"1 with launcher={name}; use launcher=torchrun or slurm",
+            )
+        timeout = launcher.timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise bad("launcher.timeout_s", timeout, "a positive number of seconds")
+        if launcher.get("threads_per_worker") is not None:
+            _positive_int(
+                "launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive integer"
+            )
+    elif cfg.run_id in ("none", ""):
+        raise bad(
+            "run_id",
+            cfg.run_id,
+            f"an id that every rank shares, for the output folders: pass run_id=... "
+            f"({'torchrun --rdzv-id' if name == 'torchrun' else 'SLURM_JOB_ID'} supplies one)",
+        )

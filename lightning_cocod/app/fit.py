@@ -1,0 +1,99 @@
+"""One rank's share of a run: build everything from the resolved config, fit, test, and on rank 0
+write the run record (run.json, the group ledger, the logger's final figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lightning_cocod.app import ledger
+from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
+
+
+def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
+    """Mean step time over whole rounds after ``warmup`` steps; a short run gives up the warm-up
+    (and then whole rounds) rather than report nothing. None with fewer than two steps."""
+    from lightning_cocod.callbacks import StepTimer
+
+    timer = StepTimer()
+    timer.step_ends = step_ends
+    n = len(step_ends)
+    for w, p in ((warmup, period), (max(1, min(warmup, n - period)), period), (1, 1)):
+        try:
+            return timer.steady_step_seconds(w, p)
+        except ValueError:
+            continue
+    return None
+
+
+def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    kwargs = to_plain(cfg.trainer)
+    kwargs.update(
+        accelerator=cfg.launcher.accelerator, devices=cfg.launcher.devices, num_nodes=cfg.launcher.num_nodes
+    )
+    return kwargs
+
+
+def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``."""
+    import pytorch_lightning as pl
+    import torch
+    from hydra.utils import instantiate
+
+    import lightning_cocod  # noqa: F401 - registers the strategy names
+    from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    pl.seed_everything(cfg.seed, workers=True)
+    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), instantiate(cfg.strategy)
+    timer = StepTimer()
+    timeline = AccuracyTimeline(timer, metric="val/acc", target=cfg.target_accuracy)
+    logger = build_logger(cfg.logger, job_dir, identity)
+    trainer = pl.Trainer(
+        **_trainer_kwargs(cfg),
+        strategy=strategy,
+        logger=logger,
+        callbacks=[timer, timeline],
+        default_root_dir=str(job_dir),
+    )
+    log_start(logger, identity, to_plain(cfg))
+    trainer.fit(model, datamodule=data)
+    train_seconds = timer.elapsed  # before testing adds to the clock
+    # S-SGD is Lightning's DDPStrategy, which keeps no CommStats.
+    comm = strategy.comm_stats.summary() if hasattr(strategy, "comm_stats") else {}
+    tested = trainer.test(model, datamodule=data, verbose=False)[0]
+    if trainer.global_rank != 0:
+        return {"rank": trainer.global_rank}
+
+    period = identity["tau"] or 1
+    step = steady_step_seconds(timer.step_ends, cfg.step_time_warmup, period)
+    record = {
+        **identity,
+        "test_acc": tested.get("test/acc"),
+        "steady_step_seconds": step,
+        "samples_per_second": identity["global_batch_size"] / step if step else None,
+        "train_seconds": train_seconds,
+        "steps": trainer.global_step,
+        "target_accuracy": cfg.target_accuracy,
+        "time_to_target_seconds": timeline.time_to_target,
+        # With no finished round there is no share to speak of (CommStats would say 1.0).
+        "hidden_fraction": comm.get("hidden_fraction") if comm.get("rounds") else None,
+        "comm_seconds": comm.get("comm_seconds"),
+        "exposed_seconds": comm.get("exposed_seconds"),
+        "rounds": comm.get("rounds"),
+        "speedup_vs_ssgd": None,
+        "timeline": timeline.points,
+    }
+    record, filled = ledger.add_run(Path(identity["ledger"]), record)
+    if filled:
+        print(
+            f"S-SGD baseline recorded: speedup of {len(filled)} earlier run(s) updated in {identity['ledger']}"
+        )
+    log_final(logger, record, trainer.global_step)
+    (job_dir / "run.json").write_text(json.dumps(record, indent=1))
+    return record

@@ -1,0 +1,81 @@
+"""Who a run is: its id, name, method and sizes, and the code it ran (git commit)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lightning_cocod.app.checks import method_of
+
+_SOURCE = Path(__file__).resolve().parents[2]
+
+
+def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
+    """(commit, dirty) of the checkout holding ``path``; ("unknown", False) outside one."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return commit or "unknown", bool(status.strip())
+
+
+def world_size(cfg: DictConfig) -> int:
+    return int(cfg.launcher.devices) * int(cfg.launcher.num_nodes)
+
+
+def run_name(method: str, tau: Any, workers: int, seed: int) -> str:
+    return f"{method}{f'-tau{tau}' if tau is not None else ''}-w{workers}-s{seed}"
+
+
+def ledger_path(out_root: Path, group: str) -> Path:
+    return out_root / "groups" / f"{group}.json"
+
+
+def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
+    """What every record of this run carries (run.json, logger config, ledger)."""
+    out_root = Path(cfg.out_root).resolve()
+    method = method_of(cfg.strategy)
+    tau = cfg.strategy.get("tau") if method in ("cocod", "local_sgd") else None
+    workers = world_size(cfg)
+    commit, dirty = git_commit()
+    try:
+        run = os.path.relpath(job_dir, out_root)
+    except ValueError:  # another drive
+        run = str(job_dir)
+    return {
+        "id": run,
+        "name": run_name(method, tau, workers, cfg.seed),
+        "group": cfg.group,
+        "experiment": cfg.name,
+        "run_id": run_id,
+        "method": method,
+        "tau": tau,
+        "workers": workers,
+        "seed": cfg.seed,
+        "model": str(cfg.model.net._target_).rpartition(".")[2] if "net" in cfg.model else None,
+        "dataset": cfg.dataset.name,
+        "batch_size": cfg.data.batch_size,
+        "global_batch_size": cfg.data.batch_size * workers,
+        "link": cfg.launcher.get("rate"),  # a shaped loopback (cpu launcher) makes step times incomparable
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "dir": str(job_dir),
+        "ledger": str(ledger_path(out_root, cfg.group)),
+    }

@@ -1,0 +1,109 @@
+"""The run's logger (wandb, CSV or none) and what the app logs through it beyond step metrics."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf
+
+FINAL_KEYS = (
+    "test_acc",
+    "steady_step_seconds",
+    "samples_per_second",
+    "train_seconds",
+    "time_to_target_seconds",
+    "hidden_fraction",
+    "comm_seconds",
+    "exposed_seconds",
+    "rounds",
+    "speedup_vs_ssgd",
+)
+REDACTED = "<redacted>"
+
+
+def _has_netrc_key(env: Mapping[str, str]) -> bool:
+    host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(env.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode(env: Mapping[str, str] = os.environ) -> str:
+    """WANDB_MODE when set; "disabled" under pytest (a test opts in by setting WANDB_MODE);
+    "online" when an API key is available; otherwise "offline" (``wandb sync`` uploads later)."""
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
+    if "PYTEST_CURRENT_TEST" in env:
+        return "disabled"
+    if env.get("WANDB_API_KEY") or _has_netrc_key(env):
+        return "online"
+    return "offline"
+
+
+def redact(value: Any, secret: str | None = None) -> Any:
+    """``value`` with any string equal to the wandb API key replaced, so a config that interpolates
+    it (``${oc.env:WANDB_API_KEY}``) can still be saved and logged."""
+    secret = os.environ.get("WANDB_API_KEY") if secret is None else secret
+    if isinstance(value, dict):
+        return {k: redact(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secret) for v in value]
+    return REDACTED if secret and isinstance(value, str) and secret in value else value
+
+
+def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> Any:
+    """The Lightning logger of ``node`` writing under ``job_dir``; False for logger=none."""
+    if not node or "_target_" not in node:
+        return False
+    from hydra.utils import instantiate
+
+    extra: dict[str, Any] = {"save_dir": str(job_dir)}
+    if str(node._target_).endswith("WandbLogger"):
+        extra.update(
+            name=identity["name"],
+            mode=wandb_mode(),
+            tags=[*node.get("tags", []), identity["method"]],
+            job_type=identity["method"],
+        )
+    return instantiate(node, **extra)
+
+
+def is_wandb(logger: Any) -> bool:
+    return type(logger).__name__ == "WandbLogger"
+
+
+def log_start(logger: Any, identity: dict[str, Any], config: dict[str, Any]) -> None:
+    """The run's identity (git commit included) and its resolved config, as hyper-parameters."""
+    if logger:
+        logger.log_hyperparams({"run": identity, "cfg": redact(config)})
+
+
+def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
+    """Final figures as ``final/<key>``; the accuracy timeline as a list in the wandb summary and
+    as ``curve/*`` rows in a CSV log (wandb would drop rows whose step goes back in time)."""
+    if not logger:
+        return
+    finals = {f"final/{k}": float(record[k]) for k in FINAL_KEYS if record.get(k) is not None}
+    logger.log_metrics(finals, step=step)
+    points = [[p["seconds"], p["accuracy"]] for p in record.get("timeline", [])]
+    if is_wandb(logger):
+        logger.experiment.summary.update({**finals, "final/timeline": points})
+        logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
+        return
+    for point in record.get("timeline", []):
+        logger.log_metrics(
+            {"curve/seconds": point["seconds"], "curve/accuracy": point["accuracy"]}, step=point["step"]
+        )
+    logger.save()
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(plain, dict)
+    return plain

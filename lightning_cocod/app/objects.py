@@ -1,0 +1,115 @@
+"""The import-heavy checks: every ``_target_`` imports and accepts its keys, and the cheap objects
+(strategy, datamodule, the LightningModule around a stand-in network) are built once, so their
+own argument checks run before any process starts. Imports torch and Lightning (seconds)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, bad, first_line
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def _target_nodes(node: Any, path: str = "") -> list[tuple[str, DictConfig]]:
+    found = []
+    if isinstance(node, DictConfig):
+        if "_target_" in node:
+            found.append((path, node))
+        for key, value in node.items():
+            found += _target_nodes(value, f"{path}.{key}" if path else str(key))
+    return found
+
+
+def check_objects(cfg: DictConfig) -> None:
+    """Import every ``_target_``, reject keys its signature lacks, and build the cheap objects."""
+    from hydra.utils import get_object
+
+    for path, node in _target_nodes(cfg):
+        try:
+            target = get_object(node._target_)
+        except Exception as err:  # noqa: BLE001 - any import failure is a config error here
+            raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
+        _check_signature(path, target, node)
+    _check_signature("trainer", _trainer_class(), cfg.trainer, frozenset(APP_TRAINER_KEYS))
+    _build_cheap_objects(cfg)
+
+
+def _trainer_class() -> Any:
+    import pytorch_lightning as pl
+
+    return pl.Trainer
+
+
+def _check_signature(
+    path: str, target: Any, node: DictConfig, app_keys: frozenset[str] = frozenset()
+) -> None:
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # takes anything; its own checks run when it is built
+    accepted = {name for name in params if name != "self"} - app_keys
+    extra = sorted(set(node) - accepted - _HYDRA_KEYS)
+    if extra:
+        name = getattr(target, "__name__", str(target))
+        raise ConfigError(f"unknown key '{path}.{extra[0]}'; {name} accepts: {', '.join(sorted(accepted))}")
+
+
+def _build_cheap_objects(cfg: DictConfig) -> None:
+    from hydra.utils import get_object, instantiate
+    from torch import nn
+
+    import lightning_cocod  # noqa: F401 - the strategy classes, registered
+    from lightning_cocod.launch.netns import parse_rate
+
+    if cfg.launcher.get("rate") is not None:
+        try:
+            parse_rate(cfg.launcher.rate)
+        except (TypeError, ValueError):
+            raise bad(
+                "launcher.rate", cfg.launcher.rate, "null or a tc rate like '300mbit', '1gbit'"
+            ) from None
+    for section in ("strategy", "data"):
+        try:
+            instantiate(cfg[section])
+        except Exception as err:  # noqa: BLE001
+            raise ConfigError(f"{section}: {first_line(err.__cause__ or err)}") from None
+    # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    model.pop("net", None)
+    try:
+        get_object(model.pop("_target_"))(net=nn.Linear(1, cfg.dataset.num_classes), **model)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"model: {first_line(err)}") from None
+    _check_cifar_files(cfg)
+    _check_gpus(cfg)
+
+
+def _check_gpus(cfg: DictConfig) -> None:
+    # Only where this process starts the ranks: under torchrun/srun the visible GPUs are per task.
+    if cfg.launcher.name != "gpu":
+        return
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible < cfg.launcher.devices:
+        raise bad("launcher.devices", cfg.launcher.devices, f"at most {visible}, the GPUs this machine shows")
+
+
+def _check_cifar_files(cfg: DictConfig) -> None:
+    if not str(cfg.data._target_).endswith("CIFARDataModule") or cfg.data.get("download", False):
+        return
+    from lightning_cocod.data.cifar import SPECS
+
+    spec = SPECS[cfg.data.dataset]
+    root = Path(cfg.data.root)
+    if not (root / spec.archive).is_file() and not (root / spec.folder).is_dir():
+        raise bad(
+            "data.root",
+            str(cfg.data.root),
+            f"a folder holding {spec.archive} or {spec.folder}/ (or set data.download=true, or COCOD_DATA)",
+        )

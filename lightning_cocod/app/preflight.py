@@ -1,0 +1,137 @@
+"""Compose and check every job of a command line before Hydra runs the first one.
+
+Hydra alone would report an unknown key in several lines, after ``-m`` had already trained the
+jobs before the bad one; a bad value (``strategy.tau=0``) would surface only inside a worker.
+Here each job of the sweep is composed with Hydra's compose API, with the same struct mode, and
+the first problem becomes one line naming the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lightning_cocod.app.checks import ConfigError, check_values
+from lightning_cocod.app.objects import check_objects
+
+CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
+
+
+def config_dir() -> Path:
+    """conf/ at the repository root (source checkout or editable install), or $COCOD_CONFIG_DIR."""
+    override = os.environ.get(CONFIG_DIR_ENV)
+    path = Path(override) if override else Path(__file__).resolve().parents[2] / "conf"
+    if not (path / "train.yaml").is_file():
+        raise ConfigError(
+            f"no train.yaml in {path}: run from a source checkout (pip install -e .) or set {CONFIG_DIR_ENV}"
+        )
+    return path
+
+
+def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the command line stands for, in Hydra's launch order."""
+    if not multirun:
+        return [list(overrides)]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as err:
+        raise ConfigError(f"cannot parse the overrides: {str(err).strip().splitlines()[0]}") from None
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def compose_job(conf: Path, config_name: str, overrides: list[str]) -> DictConfig:
+    """Compose one job's config (an initialized compose context is required); ConfigError on failure."""
+    from hydra import compose
+    from hydra.errors import HydraException, OverrideParseException
+
+    try:
+        return compose(config_name, overrides)
+    except OverrideParseException as err:
+        raise ConfigError(
+            f"cannot parse the overrides {' '.join(overrides)}: {str(err).strip().splitlines()[0]}"
+        ) from None
+    except HydraException as err:
+        raise ConfigError(explain(err, conf, config_name, overrides)) from None
+
+
+def explain(err: Exception, conf: Path, config_name: str, overrides: list[str]) -> str:
+    from hydra import compose
+
+    text = str(err)
+    missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = sorted(p.stem for p in (conf / group).glob("*.yaml"))
+        return f"{group}={option} is not an option; accepted: {', '.join(options)}"
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown and "not in struct" in str(err.__cause__):
+        key = unknown.group(1)
+        parent = key.rpartition(".")[0]
+        others = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key]
+        try:
+            node = compose(config_name, others)
+            for part in filter(None, parent.split(".")):
+                node = node[part]
+            accepted = ", ".join(sorted(map(str, node)))
+        except Exception:  # noqa: BLE001 - the listing is a courtesy; the key is what matters
+            accepted = "see conf/"
+        return f"unknown key '{key}'; {parent or 'the top level'} accepts: {accepted} (+{key}=... adds a key)"
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    cause = (
+        f" ({str(err.__cause__).strip().splitlines()[0]})"
+        if err.__cause__ and str(err.__cause__).strip()
+        else ""
+    )
+    return first + cause
+
+
+def preflight(argv: Sequence[str]) -> list[DictConfig]:
+    """Check every job of ``argv`` (the app's own command line); returns the composed configs.
+
+    Raises ConfigError on the first problem. Command lines that do not run jobs (``--help``,
+    ``--info``, ...) or that point Hydra at other config folders are left to Hydra.
+    """
+    from hydra import initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(list(argv))
+    if any(
+        (
+            args.help,
+            args.hydra_help,
+            args.info,
+            args.shell_completion,
+            args.config_path,
+            args.config_dir,
+            args.experimental_rerun,
+        )
+    ):
+        return []
+    conf = config_dir()
+    config_name = args.config_name or "train"
+    jobs = job_overrides(args.overrides, args.multirun)
+    with initialize_config_dir(str(conf), version_base="1.3", job_name="train"):
+        configs = [compose_job(conf, config_name, overrides) for overrides in jobs]
+    for overrides, cfg in zip(jobs, configs):
+        _label(check_values, cfg, overrides, len(jobs))
+    # The import-heavy pass (torch, Lightning) only once every job has passed the cheap one.
+    for overrides, cfg in zip(jobs, configs):
+        _label(check_objects, cfg, overrides, len(jobs))
+    return configs
+
+
+def _label(check, cfg: DictConfig, overrides: list[str], n_jobs: int) -> None:
+    try:
+        check(cfg)
+    except ConfigError as err:
+        if n_jobs > 1:  # say which job of the sweep
+            raise ConfigError(f"{err} [job: {' '.join(overrides)}]") from None
+        raise

@@ -1,0 +1,68 @@
+# Shared by the recipe scripts (sourced, not run). Each recipe sets EXPERIMENT and calls launch.
+#
+# Two sweeps per recipe, each a Hydra multirun whose jobs run one after another:
+#   methods: S-SGD, Pipe-SGD, Local-SGD and CoCoD-SGD at their configured tau (4), seeds 0 1 2;
+#   tau:     Local-SGD and CoCoD-SGD at tau 2, 8, 16, seed 0 (speedup against tau).
+# A sweep's folder is outputs/$EXPERIMENT/$RUN_ID-<sweep>; all runs share the wandb group
+# $EXPERIMENT and the ledger outputs/groups/$EXPERIMENT.json, so speedups are computed across sweeps.
+#
+# Hydra's parser wants --multirun before the overrides.
+# DRY_RUN=1 prints the commands instead of running them (tests compose what it prints).
+
+SEEDS=${SEEDS:-0,1,2}
+TAUS=${TAUS:-2,8,16}
+RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
+SWEEPS=(
+  "methods|strategy=ssgd,pipe_sgd,local_sgd,cocod seed=$SEEDS"
+  "tau|strategy=local_sgd,cocod strategy.tau=$TAUS seed=0"
+)
+
+run() {
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "$@"
+    printf '\n'
+  else
+    "$@"
+  fi
+}
+
+usage() {
+  cat >&2 <<USAGE
+usage: $0 MODE [extra overrides...]
+  node8      one node, 8 GPUs: 8 workers (global batch 1024), the single-node variant
+  node16     one node, 16 GPUs: 16 workers
+  torchrun   16 workers over NNODES x NPROC (2x8 or 4x4); run this on every node with
+             NNODES, NPROC, HEAD (rendezvous host) and the same RUN_ID set
+  slurm      16 workers: submits sbatch jobs of NNODES x NPROC tasks (2x8 default, or 4x4)
+USAGE
+  exit 2
+}
+
+# launch MODE [overrides...]: every sweep of the recipe in the chosen mode.
+launch() {
+  local mode=${1:-}
+  shift || true
+  local nnodes=${NNODES:-2} nproc=${NPROC:-8} sweep name overrides
+  for sweep in "${SWEEPS[@]}"; do
+    name=${sweep%%|*}
+    read -r -a overrides <<<"${sweep#*|}"
+    case "$mode" in
+      node8 | node16)
+        run cocod-train --multirun experiment="$EXPERIMENT" launcher=gpu launcher.devices="${mode#node}" \
+          run_id="$RUN_ID-$name" "$@" "${overrides[@]}" ;;
+      torchrun)
+        # Every rank composes the same config and runs the same jobs in the same order; run_id
+        # pins the folders (a clock could differ between nodes).
+        run torchrun --nnodes="$nnodes" --nproc-per-node="$nproc" --rdzv-backend=c10d \
+          --rdzv-endpoint="${HEAD:?set HEAD to the rendezvous host}:29500" --rdzv-id="$RUN_ID-$name" \
+          -m lightning_cocod.train --multirun experiment="$EXPERIMENT" launcher=torchrun \
+          run_id="$RUN_ID-$name" "$@" "${overrides[@]}" ;;
+      slurm)
+        # run_id defaults to SLURM_JOB_ID inside the job: the same on every task.
+        run sbatch --nodes="$nnodes" --ntasks-per-node="$nproc" --gpus-per-node="$nproc" \
+          --job-name="$EXPERIMENT-$name" "$(dirname "${BASH_SOURCE[0]}")/slurm.sbatch" \
+          --multirun experiment="$EXPERIMENT" "$@" "${overrides[@]}" ;;
+      *) usage ;;
+    esac
+  done
+}
