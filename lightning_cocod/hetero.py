@@ -127,6 +127,19 @@ class ProportionalSampling(Callback):
             )
         self._apply(trainer, self.fixed or proportional_split(self.global_batch_size, [1.0] * world), epoch=0)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Loaded after setup() applied the warm-up split: on_fit_start applies the saved one.
+        self._resumed = state_dict
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        resumed, self._resumed = getattr(self, "_resumed", None), None
+        if resumed is not None and len(resumed["sizes"]) == trainer.world_size:
+            self.history = [(epoch, list(sizes)) for epoch, sizes in resumed["history"][:-1]]
+            self._apply(trainer, list(resumed["sizes"]), epoch=resumed["history"][-1][0])
+
     def _apply(self, trainer: pl.Trainer, sizes: list[int], epoch: int) -> None:
         self.sizes = sizes
         self.history.append((epoch, sizes))

@@ -48,6 +48,7 @@ class InMemoryDataModule(pl.LightningDataModule):
         self.train_tensors: tuple[Tensor, Tensor] | None = None
         self.eval_tensors: tuple[Tensor, Tensor] | None = None
         self._train_sampler: ShardedBatchSampler | None = None
+        self._resume: dict | None = None  # position of a saved run, from load_state_dict
         self._stats_on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     def _rank_and_world_size(self) -> tuple[int, int]:
@@ -92,8 +93,36 @@ class InMemoryDataModule(pl.LightningDataModule):
                 f"{type(self).__name__}: {len(tensors[0])} training samples are fewer than one "
                 f"global batch of {sum(sizes)}"
             )
+        if self._resume is not None:
+            # Continue where the saved run was, so a resumed run sees the same batches as one
+            # that never stopped. Lightning may build this loader (and an iterator) before it
+            # restores its own loops, e.g. for trainer.estimated_stepping_batches in
+            # configure_optimizers: so the position comes from our own saved state.
+            epoch, done = self._resume["epoch"], self._resume["batches_done"]
+            if done >= len(sampler):  # saved at the end of an epoch: the next one starts afresh
+                epoch, done = epoch + 1, 0
+            sampler.set_epoch(epoch)
+            sampler.skip_batches(epoch, done)
+            self._resume = None
         self._train_sampler = sampler
         return TensorLoader(tensors, sampler)
+
+    def state_dict(self) -> dict:
+        trainer = self.trainer
+        if trainer is None or not hasattr(trainer, "fit_loop"):
+            return {}
+        return {
+            "epoch": trainer.current_epoch,
+            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            "per_rank_batch_sizes": self.per_rank_batch_sizes,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # Lightning calls this before it asks for the train loader, when resuming.
+        if state_dict:
+            self._resume = state_dict
+            if state_dict.get("per_rank_batch_sizes") is not None:
+                self.per_rank_batch_sizes = list(state_dict["per_rank_batch_sizes"])
 
     def _eval_loader(self) -> TensorLoader:
         tensors = self._require(self.eval_tensors)

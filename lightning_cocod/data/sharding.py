@@ -58,6 +58,13 @@ class ShardedBatchSampler(Sampler[Tensor]):
         self.per_rank_batch_sizes = check_batch_sizes(sizes, world_size)
         self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
         self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        self._skip_epoch, self._skip = -1, 0
+
+    def skip_batches(self, epoch: int, batches: int) -> None:
+        """Iterations of ``epoch`` start ``batches`` steps in (resuming mid-epoch); ``len`` stays
+        the whole epoch, as Lightning counts the skipped batches as done. Every iteration of that
+        epoch skips them: Lightning creates an iterator at set-up and another when the epoch runs."""
+        self._skip_epoch, self._skip = epoch, batches
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -81,7 +88,8 @@ class ShardedBatchSampler(Sampler[Tensor]):
         step, start = sum(sizes), sum(sizes[: self.rank])
         num_steps = self.num_samples // step
         steps = order[: num_steps * step].view(num_steps, step)
-        return iter(steps[:, start : start + sizes[self.rank]])
+        skip = self._skip if self.epoch == self._skip_epoch else 0
+        return iter(steps[skip:, start : start + sizes[self.rank]])
 
 
 def eval_batches(num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list[Tensor]:
@@ -114,6 +122,15 @@ class TensorLoader:
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+    # Resumable (Lightning checks for this interface): the position within an epoch is not kept
+    # here but in the datamodule's state (InMemoryDataModule.state_dict), from Lightning's batch
+    # progress; a count of yielded batches would be off by the batch Lightning prefetches.
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         for idx in self.sampler:

@@ -10,6 +10,7 @@ weights when fit ends), instrumentation, argument checks and registration.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -25,7 +26,16 @@ from typing_extensions import override
 
 from lightning_cocod.core import CommStats, Communicator, FlatBuffer, Handle, RoundRecord, average_blocking
 from lightning_cocod.core.comm import TorchDistCommunicator
+from lightning_cocod.strategies.checkpointing import (
+    STATE_KEY,
+    atomic_save,
+    gather_to_rank_zero,
+    rng_state,
+    set_rng_state,
+)
 from lightning_cocod.strategies.logging import CommStatsLogger
+
+log = logging.getLogger(__name__)
 
 # torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
 _DEFAULT_TIMEOUT = timedelta(seconds=1800)
@@ -99,6 +109,7 @@ class SyncStrategyBase(DDPStrategy):
         self._scratch: FlatBuffer | None = None
         self._steps = 0
         self._parked_for_eval = False
+        self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
 
     def _options(self) -> dict[str, Any]:
         return {"average_buffers": self.average_buffers}
@@ -140,6 +151,8 @@ class SyncStrategyBase(DDPStrategy):
         self.comm_stats = CommStats()
         if self._comm is not None:
             self._build(self._tensors)
+        if self._restored is not None:
+            self._load_strategy_state(self._restored["strategy"])
 
     def _model_tensors(self) -> list[Tensor]:
         module = self.lightning_module
@@ -277,6 +290,60 @@ class SyncStrategyBase(DDPStrategy):
     def on_test_end(self) -> None:
         super().on_test_end()
         self._unpark()
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _strategy_state(self) -> dict[str, Any]:
+        """What resuming needs of the strategy itself (subclasses add theirs)."""
+        return {"class": type(self).__name__, "steps": self._steps, "weight": self.weight}
+
+    def _load_strategy_state(self, state: dict[str, Any]) -> None:
+        if state.get("class") != type(self).__name__:
+            raise ValueError(
+                f"the checkpoint was written by {state.get('class')}, not {type(self).__name__}: "
+                "resume with the same strategy"
+            )
+        self._steps = state["steps"]
+        self.weight = state["weight"]
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        # Called on every rank (after lightning_module_state_dict made the weights agree).
+        local = {"optimizer_states": [self.optimizer_state(o) for o in self.optimizers], "rng": rng_state()}
+        ranks = gather_to_rank_zero(local, self.world_size)
+        if self.is_global_zero:
+            checkpoint[STATE_KEY] = {
+                "strategy": self._strategy_state(),
+                "world_size": self.world_size,
+                "ranks": ranks,
+            }
+            atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        state = checkpoint.get(STATE_KEY)
+        if state is None:
+            return checkpoint  # a plain Lightning checkpoint: weights and rank 0's optimizer state
+        self._restored = state
+        if state["world_size"] == self.world_size:
+            mine = state["ranks"][self.global_rank]
+            checkpoint["optimizer_states"] = mine["optimizer_states"]
+        elif self.is_global_zero:
+            log.warning(
+                f"resuming a {state['world_size']}-worker checkpoint on {self.world_size} workers: every "
+                "worker starts from rank 0's optimizer state (momentum), so the run will not be reproduced exactly"
+            )
+        return checkpoint
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self._restored is not None and self._restored["world_size"] == self.world_size:
+            set_rng_state(self._restored["ranks"][self.global_rank]["rng"])
+        self._restored = None
 
     # -- teardown ------------------------------------------------------------------------
 

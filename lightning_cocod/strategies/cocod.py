@@ -134,6 +134,20 @@ class CoCoDStrategy(SyncStrategyBase):
                     f"(communication {comm_seconds:.3f} s per round, {step_seconds:.3f} s per step)"
                 )
 
+    def _strategy_state(self) -> dict[str, Any]:
+        state = {**super()._strategy_state(), "tau": self.tau, "tau_history": self.tau_history}
+        if self._adaptive is not None:
+            state["adaptive"] = vars(self._adaptive).copy()
+            state["measured"] = self._measured
+        return state
+
+    def _load_strategy_state(self, state: dict[str, Any]) -> None:
+        super()._load_strategy_state(state)
+        if self._adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
+            self.tau, self.tau_history = state["tau"], [tuple(e) for e in state["tau_history"]]
+            vars(self._adaptive).update(state["adaptive"])
+            self._measured = tuple(state["measured"])
+
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
             self._round.handle = None

@@ -1,0 +1,106 @@
+"""Checkpoints mid-epoch and mid-round, and exact resume, on 2 gloo processes."""
+
+import json
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+from lightning_cocod.data import DigitsDataModule
+from lightning_cocod.hetero import ProportionalSampling
+from lightning_cocod.models import ClassifierModule, SmallCNN
+from lightning_cocod.strategies.checkpointing import STATE_KEY
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+
+SAVE_AT, STEPS = 10, 30  # 22 steps per epoch at 2 x 32: the save is mid-epoch and mid-round
+
+
+class SaveAt(pl.Callback):
+    def __init__(self, step, path):
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+class SingleThread(pl.Callback):
+    def setup(self, trainer, pl_module, stage):
+        torch.set_num_threads(1)
+
+
+def fit(make_strategy, max_steps, ckpt_path=None, save=None, callbacks=()):
+    pl.seed_everything(0)
+    model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=8), lr=0.05, schedule="cosine")
+    trainer = pl.Trainer(
+        strategy=make_strategy(), accelerator="cpu", devices=2, max_steps=max_steps, max_epochs=-1,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, callbacks=[SingleThread(), *([SaveAt(*save)] if save else []), *callbacks],
+    )
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=32), ckpt_path=ckpt_path)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+STRATEGIES = {
+    "cocod": lambda: CoCoDStrategy(tau=4, start_method="fork"),
+    "local_sgd": lambda: LocalSGDStrategy(tau=4, start_method="fork"),
+    "pipe_sgd": lambda: PipeSGDStrategy(start_method="fork"),
+    "ssgd": lambda: "ssgd_fork",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_resume_reproduces_the_run(tmp_path, name):
+    ckpt = tmp_path / "mid.ckpt"
+    straight = fit(STRATEGIES[name], STEPS, save=(SAVE_AT, ckpt))
+    assert ckpt.exists() and not list(tmp_path.glob("*.tmp*"))  # written whole, no leftovers
+    resumed = fit(STRATEGIES[name], STEPS, ckpt_path=ckpt)
+    torch.testing.assert_close(resumed, straight, rtol=0, atol=1e-6)
+    if name != "ssgd":
+        state = torch.load(ckpt, weights_only=False)[STATE_KEY]
+        assert state["world_size"] == 2 and len(state["ranks"]) == 2
+        assert state["strategy"]["steps"] == SAVE_AT
+
+
+class RecordTau(pl.Callback):
+    """Writes the period a run starts training with (workers are forked: a file, not an attribute)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module):
+        strategy = trainer.strategy
+        self.path.with_suffix(f".rank{trainer.global_rank}").write_text(
+            json.dumps([strategy.tau, strategy.tau_history])
+        )
+
+
+def test_resume_restores_the_adaptive_period(tmp_path):
+    # tau="auto" follows measured times, so two runs need not choose alike; what must hold is
+    # that a resumed run starts from the period and history the saved run had reached.
+    ckpt = tmp_path / "mid.ckpt"
+    fit(lambda: CoCoDStrategy(tau="auto", start_method="fork"), SAVE_AT, save=(SAVE_AT, ckpt))
+    saved = torch.load(ckpt, weights_only=False)[STATE_KEY]["strategy"]
+    fit(
+        lambda: CoCoDStrategy(tau="auto", start_method="fork"), SAVE_AT + 4, ckpt_path=ckpt,
+        callbacks=[RecordTau(tmp_path / "tau")],
+    )
+    for rank in range(2):
+        tau, history = json.loads((tmp_path / f"tau.rank{rank}").read_text())
+        assert (tau, history) == (saved["tau"], [list(e) for e in saved["tau_history"]])
+    assert saved["adaptive"]["step_seconds"] is not None  # the measurements travelled too
+
+
+def test_resume_reproduces_a_heterogeneous_run(tmp_path):
+    ckpt = tmp_path / "mid.ckpt"
+
+    def split():
+        return [ProportionalSampling(global_batch_size=64, batch_sizes=[40, 24])]
+
+    straight = fit(STRATEGIES["cocod"], STEPS, save=(SAVE_AT, ckpt), callbacks=split())
+    resumed = fit(STRATEGIES["cocod"], STEPS, ckpt_path=ckpt, callbacks=split())
+    torch.testing.assert_close(resumed, straight, rtol=0, atol=1e-6)
+    state = torch.load(ckpt, weights_only=False)[STATE_KEY]
+    assert state["strategy"]["weight"] == 40 / 64  # rank 0's share, saved with the strategy
