@@ -11,12 +11,22 @@ from pytorch_lightning.strategies import StrategyRegistry as _StrategyRegistry
 from lightning_cocod.strategies import (
     CoCoDStrategy,
     LocalSGDStrategy,
+    NonFiniteError,
     PipeSGDStrategy,
     SyncStrategyBase,
+    WorkerLostError,
     register_strategies,
 )
 
 register_strategies(_StrategyRegistry)
 
 __version__ = "0.1.0"
-__all__ = ["CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SyncStrategyBase", "register_strategies"]
+__all__ = [
+    "CoCoDStrategy",
+    "LocalSGDStrategy",
+    "NonFiniteError",
+    "PipeSGDStrategy",
+    "SyncStrategyBase",
+    "WorkerLostError",
+    "register_strategies",
+]

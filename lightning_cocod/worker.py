@@ -60,8 +60,9 @@ def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
 class ProgressFile(pl.Callback):
     """Rank 0 writes where it is, so the launching process can show progress."""
 
-    def __init__(self, path: str, timer: StepTimer) -> None:
-        self.path, self.timer = Path(path), timer
+    def __init__(self, path: str, timer: StepTimer, rank: int) -> None:
+        # The launcher's rank, not the trainer's: in the bound every worker is a rank 0 of its own.
+        self.path, self.timer, self.writes = Path(path), timer, rank == 0
         self.last_write = 0.0
 
     def _write(self, trainer: pl.Trainer, **extra: Any) -> None:
@@ -71,12 +72,12 @@ class ProgressFile(pl.Callback):
         tmp.replace(self.path)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.is_global_zero and time.monotonic() - self.last_write > 0.3:
+        if self.writes and time.monotonic() - self.last_write > 0.3:
             self.last_write = time.monotonic()
             self._write(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero and not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
+        if self.writes and not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
             self._write(trainer, accuracy=float(trainer.callback_metrics["val/acc"]))
 
 
@@ -97,7 +98,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     timeline = AccuracyTimeline(timer)
     callbacks: list[pl.Callback] = [timer, timeline]
     if spec.get("progress_path"):
-        callbacks.append(ProgressFile(spec["progress_path"], timer))
+        callbacks.append(ProgressFile(spec["progress_path"], timer, rank))
     if spec.get("slowdown") and method != "bound":
         callbacks.append(SimulatedSlowdown(spec["slowdown"]))
     elif spec.get("slowdown"):  # the bound of a heterogeneous run: each worker alone, at its own speed

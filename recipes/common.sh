@@ -16,6 +16,18 @@ SWEEPS=(
   "methods|strategy=ssgd,pipe_sgd,local_sgd,cocod seed=$SEEDS"
   "tau|strategy=local_sgd,cocod strategy.tau=$TAUS seed=0"
 )
+# HETERO=1: the heterogeneous-cluster runs instead. Each worker's batch follows its measured
+# speed (proportional sampling, averages weighted by batch share) for Local-SGD and CoCoD-SGD,
+# against S-SGD and CoCoD-SGD without it; CoCoD also with tau=auto. On a homogeneous cluster,
+# SLOWDOWN='[1,1,2,2,...]' (one factor per worker) simulates the mix.
+if [[ "${HETERO:-0}" == 1 ]]; then
+  slow=${SLOWDOWN:+hetero.slowdown=$SLOWDOWN}
+  SWEEPS=(
+    "hetero-base|strategy=ssgd,cocod seed=$SEEDS $slow"
+    "hetero-ps|strategy=local_sgd,cocod hetero.proportional=true seed=$SEEDS $slow"
+    "hetero-auto|strategy=cocod strategy.tau=auto hetero.proportional=true seed=$SEEDS $slow"
+  )
+fi
 
 run() {
   if [[ "${DRY_RUN:-0}" == 1 ]]; then

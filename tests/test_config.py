@@ -114,8 +114,9 @@ def app_arguments(line: str) -> list[str] | None:
     return None
 
 
+@pytest.mark.parametrize("hetero", ["0", "1"])
 @pytest.mark.parametrize("recipe", sorted(RECIPE_MODES))
-def test_recipe_commands_compose(recipe, monkeypatch):
+def test_recipe_commands_compose(recipe, hetero, monkeypatch):
     # What torchrun/srun would set for 16 workers as 2 nodes x 8.
     env = {
         "LOCAL_WORLD_SIZE": "8",
@@ -132,7 +133,10 @@ def test_recipe_commands_compose(recipe, monkeypatch):
             ["bash", str(REPO / "recipes" / recipe), *filter(None, [mode])],
             capture_output=True,
             text=True,
-            env={**os.environ, "DRY_RUN": "1", "HEAD": "node01", "RUN_ID": "t", "NNODES": "2", "NPROC": "8"},
+            env={
+                **os.environ, "DRY_RUN": "1", "HEAD": "node01", "RUN_ID": "t", "NNODES": "2", "NPROC": "8",
+                "HETERO": hetero,
+            },
             check=True,
             timeout=30,
         ).stdout
@@ -171,6 +175,12 @@ def test_recipe_commands_compose(recipe, monkeypatch):
         (["launcher.rate=fast"], "launcher.rate='fast' is invalid"),
         (["data.root=/nonexistent"], "data.root='/nonexistent' is invalid; accepted: a folder holding"),
         (["max_epochs=null"], "max_epochs=None is invalid"),
+        (["strategy.tau=often"], "strategy.tau='often' is invalid; accepted: a positive integer (optimizer steps per round), or 'auto'"),
+        (["hetero.slowdown=[1,0.5]"], "hetero.slowdown=[1, 0.5] is invalid; accepted: null or 2 factors >= 1"),
+        (["hetero.batch_sizes=[100,100]"], "hetero.batch_sizes=[100, 100] is invalid; accepted: 2 positive integers summing to 256"),
+        (["strategy=ssgd", "hetero.proportional=true"], "hetero.proportional=True is invalid; accepted: false with strategy ssgd"),
+        (["hetero.nope=1"], "unknown key 'hetero.nope'"),
+        (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
             "unknown key 'strategy.tau'; strategy accepts: _target_",

@@ -116,9 +116,9 @@ def test_auto_tau_hides_a_known_communication_time_and_ranks_agree(tmp_path):
     histories = [json.loads((tmp_path / f"tau{r}.json").read_text()) for r in range(2)]
     assert histories[0] == histories[1]
     final_tau = histories[0][-1][1]
-    # Steps take 20 ms of sleep plus Lightning's overhead: hiding 120 ms takes 5 to 8 of them
+    # Steps take 20 ms of sleep plus overhead (more on a loaded machine): hiding 120 ms takes 3 to 8
     # (ceil(1.2 * 0.12 / step)); the smallest such period, not the maximum.
-    assert 4 <= final_tau <= 8, histories[0]
+    assert 3 <= final_tau <= 8, histories[0]
     ranks = toy.read_ranks(tmp_path, 2)
     assert ranks[0]["final"] == ranks[1]["final"]
     late = [

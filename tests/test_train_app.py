@@ -23,6 +23,9 @@ TINY = [
     "max_epochs=1",
     "model.net.width=8",
     "step_time_warmup=1",
+    # the heterogeneous path rides along: measured split (applied after the one epoch) and a slowed rank
+    "hetero.proportional=true",
+    "hetero.slowdown=[1,1.5]",
 ]
 
 

@@ -28,7 +28,9 @@ TOP_KEYS = {
     *("strategy", "model", "dataset", "data", "launcher", "logger", "trainer"),
     *("name", "group", "run_id", "out_root", "seed", "max_epochs", "max_steps", "target_accuracy"),
     "step_time_warmup",
+    "hetero",
 }
+HETERO_KEYS = {"proportional", "batch_sizes", "every_n_epochs", "slowdown"}
 DATASET_KEYS = {"name", "num_classes", "in_channels"}
 # Trainer arguments the app derives from the launcher, strategy and logger groups.
 APP_TRAINER_KEYS = {
@@ -53,6 +55,26 @@ def bad(key: str, value: Any, accepted: str) -> ConfigError:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_hetero(cfg: DictConfig, method: str) -> None:
+    hetero = cfg.hetero
+    _unknown(hetero, "hetero", HETERO_KEYS)
+    if not isinstance(hetero.proportional, bool):
+        raise bad("hetero.proportional", hetero.proportional, "true or false")
+    _positive_int("hetero.every_n_epochs", hetero.every_n_epochs)
+    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    if hetero.batch_sizes is not None:
+        sizes = list(hetero.batch_sizes)
+        total = cfg.data.batch_size * workers
+        if len(sizes) != workers or not all(_is_int(b) and b >= 1 for b in sizes) or sum(sizes) != total:
+            raise bad("hetero.batch_sizes", sizes, f"{workers} positive integers summing to {total} (data.batch_size x workers)")
+    if (hetero.proportional or hetero.batch_sizes is not None) and method not in ("cocod", "local_sgd"):
+        raise bad("hetero.proportional", hetero.proportional, f"false with strategy {method} (it averages uniformly)")
+    if hetero.slowdown is not None:
+        factors = list(hetero.slowdown)
+        if len(factors) != workers or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in factors):
+            raise bad("hetero.slowdown", factors, f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])")
 
 
 def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
@@ -125,10 +147,15 @@ def check_values(cfg: DictConfig) -> None:
         _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
 
     method = method_of(cfg.strategy)
-    if method in ("cocod", "local_sgd"):
+    if method == "cocod" and cfg.strategy.get("tau") == "auto":
+        pass  # CoCoDStrategy checks tau_min/tau_max itself when it is built
+    elif method in ("cocod", "local_sgd"):
         _positive_int(
-            "strategy.tau", cfg.strategy.get("tau"), "a positive integer (optimizer steps per round)"
+            "strategy.tau",
+            cfg.strategy.get("tau"),
+            "a positive integer (optimizer steps per round)" + (", or 'auto'" if method == "cocod" else ""),
         )
+    _check_hetero(cfg, method)
     if cfg.strategy.get("start_method", "popen") != "popen":
         raise bad(
             "strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist before the Trainer)"

@@ -38,6 +38,24 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
+    from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+
+    hetero, callbacks = cfg.hetero, []
+    if hetero.proportional or hetero.batch_sizes is not None:
+        workers = cfg.launcher.devices * cfg.launcher.num_nodes
+        callbacks.append(
+            ProportionalSampling(
+                global_batch_size=cfg.data.batch_size * workers,
+                batch_sizes=list(hetero.batch_sizes) if hetero.batch_sizes is not None else None,
+                every_n_epochs=hetero.every_n_epochs,
+            )
+        )
+    if hetero.slowdown is not None:
+        callbacks.append(SimulatedSlowdown(list(hetero.slowdown)))
+    return callbacks
+
+
 def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
     """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``."""
     import pytorch_lightning as pl
@@ -58,7 +76,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         **_trainer_kwargs(cfg),
         strategy=strategy,
         logger=logger,
-        callbacks=[timer, timeline],
+        callbacks=[timer, timeline, *_hetero_callbacks(cfg)],
         default_root_dir=str(job_dir),
     )
     log_start(logger, identity, to_plain(cfg))
@@ -70,7 +88,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
     if trainer.global_rank != 0:
         return {"rank": trainer.global_rank}
 
-    period = identity["tau"] or 1
+    period = identity["tau"] if isinstance(identity["tau"], int) else 1  # tau="auto" varies
     step = steady_step_seconds(timer.step_ends, cfg.step_time_warmup, period)
     record = {
         **identity,

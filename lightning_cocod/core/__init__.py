@@ -4,14 +4,15 @@ tests/test_core_is_pure.py enforces that nothing here imports Lightning, so the 
 used from any training loop and tested in milliseconds with a fake communicator.
 """
 
-from lightning_cocod.core.averaging import CoCoDRound, GradientPipeline, average_blocking
-from lightning_cocod.core.comm import Communicator, Handle, TorchDistCommunicator
+from lightning_cocod.core.averaging import CoCoDRound, GradientPipeline, average_blocking, has_nonfinite
+from lightning_cocod.core.comm import CommunicationError, Communicator, Handle, TorchDistCommunicator
 from lightning_cocod.core.flat import FlatBuffer
 from lightning_cocod.core.stats import CommStats, RoundRecord
 
 __all__ = [
     "CoCoDRound",
     "CommStats",
+    "CommunicationError",
     "Communicator",
     "FlatBuffer",
     "GradientPipeline",
@@ -19,4 +20,5 @@ __all__ = [
     "RoundRecord",
     "TorchDistCommunicator",
     "average_blocking",
+    "has_nonfinite",
 ]

@@ -9,7 +9,7 @@ Local-SGD averages the live model, blocking. Pipe-SGD all-reduces gradients one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -64,14 +64,34 @@ class CoCoDRound:
 
 
 def average_blocking(
-    tensors: Sequence[Tensor], scratch: FlatBuffer, comm: Communicator, weight: float | None = None
+    tensors: Sequence[Tensor],
+    scratch: FlatBuffer,
+    comm: Communicator,
+    weight: float | None = None,
+    check: Callable[[list[Tensor]], None] | None = None,
+    swap: bool = False,
 ) -> Handle:
-    """x_i <- sum_j p_j x_j, waiting for the result (Local-SGD's step, and every consistency point)."""
+    """x_i <- sum_j p_j x_j, waiting for the result (Local-SGD's step, and every consistency point).
+
+    ``check`` sees the packed buckets before anything is sent (and may raise); with ``swap`` the
+    tensors take the average and the scratch buffer keeps the values they had (evaluation).
+    """
     scratch.pack(tensors)
+    if check is not None:
+        check(scratch.buckets)
     handle = comm.start_mean(scratch.buckets, weight)
     handle.wait()
-    scratch.unpack(tensors)
+    if swap:
+        scratch.swap(tensors)
+    else:
+        scratch.unpack(tensors)
     return handle
+
+
+def has_nonfinite(buckets: Sequence[Tensor]) -> bool:
+    """One reduction per bucket and a single host sync (on CUDA)."""
+    flags = torch.stack([torch.isfinite(b).all() for b in buckets])
+    return not bool(flags.all())
 
 
 class GradientPipeline:
@@ -93,12 +113,17 @@ class GradientPipeline:
     def nbytes(self) -> int:
         return self.buffers[0].nbytes
 
-    def exchange(self) -> tuple[Handle, Handle | None]:
-        """Returns (launched now, waited on now); the latter is None on the first step."""
+    def exchange(self, check: Callable[[list[Tensor]], None] | None = None) -> tuple[Handle, Handle | None]:
+        """Returns (launched now, waited on now); the latter is None on the first step.
+
+        ``check`` sees this step's packed gradients before their all-reduce starts writing them.
+        """
         outgoing = self.buffers[self._flip]
         # A parameter that got no gradient this step contributes zeros, so every rank's
         # collective has the same size whatever its data did.
         torch._foreach_copy_(outgoing.views, [_grad_or_zeros(p) for p in self.params])
+        if check is not None:
+            check(outgoing.buckets)
         launched = self.comm.start_mean(outgoing.buckets)
         previous, self.handle = self.handle, launched
         self._flip ^= 1

@@ -54,6 +54,18 @@ class Communicator(Protocol):
         """Release the process group (or whatever carries the collectives)."""
 
 
+class CommunicationError(RuntimeError):
+    """A collective of ours failed: a peer died, hung past the group's timeout, or the link broke."""
+
+
+def _failed(err: BaseException) -> CommunicationError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return CommunicationError(
+        f"all-reduce on the model-averaging group failed (a worker died, stalled past the group's "
+        f"timeout, or the network failed): {first}"
+    )
+
+
 def _share(weight: float | None, world_size: int) -> float:
     return 1.0 / world_size if weight is None else float(weight)
 
@@ -78,8 +90,11 @@ class _CpuHandle:
 
     def wait(self) -> None:
         start = time.perf_counter()
-        for work in self._works:
-            work.wait()
+        try:
+            for work in self._works:
+                work.wait()
+        except RuntimeError as err:  # DistBackendError and gloo's own errors are RuntimeErrors
+            raise _failed(err) from err
         end = time.perf_counter()
         self._exposed = end - start
         if self._completed is None:  # the callback may trail wait() by a hair
@@ -162,7 +177,10 @@ class TorchDistCommunicator:
             launched = time.perf_counter()
             for bucket in buckets:
                 bucket.mul_(share)
-            works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buckets]
+            try:
+                works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buckets]
+            except RuntimeError as err:
+                raise _failed(err) from err
             return _CpuHandle(works, launched)
 
         compute = torch.cuda.current_stream(self.device)

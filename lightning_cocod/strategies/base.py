@@ -24,7 +24,16 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_cocod.core import CommStats, Communicator, FlatBuffer, Handle, RoundRecord, average_blocking
+from lightning_cocod.core import (
+    CommStats,
+    CommunicationError,
+    Communicator,
+    FlatBuffer,
+    Handle,
+    RoundRecord,
+    average_blocking,
+    has_nonfinite,
+)
 from lightning_cocod.core.comm import TorchDistCommunicator
 from lightning_cocod.strategies.checkpointing import (
     STATE_KEY,
@@ -34,6 +43,7 @@ from lightning_cocod.strategies.checkpointing import (
     set_rng_state,
 )
 from lightning_cocod.strategies.logging import CommStatsLogger
+from lightning_cocod.strategies.rendezvous import init_loopback_group
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,24 @@ _DEFAULT_TIMEOUT = timedelta(seconds=1800)
 
 # DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build.
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+
+
+class NonFiniteError(FloatingPointError):
+    """A worker's model or gradients hold NaN or Inf; raised on every rank alike."""
+
+
+class WorkerLostError(RuntimeError):
+    """Our collective failed: another worker died or stalled, or the network broke."""
+
+
+def _local_sigterm_check(trainer: pl.Trainer) -> Callable[[], None]:
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    def check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    return check
 
 
 class SyncStrategyBase(DDPStrategy):
@@ -108,7 +136,7 @@ class SyncStrategyBase(DDPStrategy):
         self._tensors: list[Tensor] = []
         self._scratch: FlatBuffer | None = None
         self._steps = 0
-        self._parked_for_eval = False
+        self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
 
     def _options(self) -> dict[str, Any]:
@@ -122,6 +150,18 @@ class SyncStrategyBase(DDPStrategy):
 
     @override
     def setup_distributed(self) -> None:
+        if self.num_nodes == 1 and self.world_size > 1 and self.cluster_environment is not None:
+            # Done before Lightning's own set-up, which then finds the group initialised.
+            self.set_world_ranks()
+            init_loopback_group(
+                self.cluster_environment.main_address,
+                self.cluster_environment.main_port,
+                self.global_rank,
+                self.world_size,
+                self._get_process_group_backend(),
+                self._timeout or _DEFAULT_TIMEOUT,
+                self.root_device,
+            )
         super().setup_distributed()
         if self.world_size > 1:
             self._comm = TorchDistCommunicator.on_new_group(
@@ -139,6 +179,13 @@ class SyncStrategyBase(DDPStrategy):
                 )
             if not any(isinstance(cb, CommStatsLogger) for cb in trainer.callbacks):
                 trainer.callbacks.insert(0, CommStatsLogger())
+            # Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before *every* training step
+            # (_TrainingEpochLoop._broadcast_sigterm_tensor). That is a per-step rendezvous of
+            # all workers, which re-couples what the round decouples (each step waits for the
+            # slowest worker) and, on a slow link, queues behind the model all-reduce in flight.
+            # Check the signal locally instead: a worker that got SIGTERM stops as Lightning
+            # would, and the others stop at their next collective (schedulers signal every task).
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _local_sigterm_check(trainer)
 
     @override
     def configure_ddp(self) -> None:
@@ -176,20 +223,31 @@ class SyncStrategyBase(DDPStrategy):
     ) -> Any:
         if self._comm is None:  # one worker: plain local SGD, nothing to talk to
             return super().optimizer_step(optimizer, closure, model, **kwargs)
-        with torch.no_grad():
+        with torch.no_grad(), self._collective("launching a round"):
             self._before_step()
 
         def closure_then_exchange() -> Any:
             result = closure()
-            with torch.no_grad():
+            with torch.no_grad(), self._collective("exchanging gradients"):
                 self._exchange()
             return result
 
         output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)
         self._steps += 1
-        with torch.no_grad():
+        with torch.no_grad(), self._collective("finishing a round"):
             self._after_step()
         return output
+
+    @contextlib.contextmanager
+    def _collective(self, what: str) -> Any:
+        try:
+            yield
+        except CommunicationError as err:
+            raise WorkerLostError(
+                f"{type(self).__name__}, rank {self.global_rank}, optimizer step {self._steps}, {what}: {err}. "
+                f"Collectives time out after {self._timeout} (the strategy's `timeout`); resume from the "
+                "last checkpoint with trainer.fit(..., ckpt_path=...)"
+            ) from err
 
     def _before_step(self) -> None:
         """Before forward/backward of an optimizer step."""
@@ -205,12 +263,39 @@ class SyncStrategyBase(DDPStrategy):
 
     # -- helpers for subclasses ----------------------------------------------------------
 
-    def _average_now(self) -> Handle:
-        """Blocking weighted average of the model tensors, in place on every rank."""
-        assert self._comm is not None
+    def _scratch_buffer(self) -> FlatBuffer:
         if self._scratch is None:
             self._scratch = FlatBuffer(self._tensors)
-        return average_blocking(self._tensors, self._scratch, self._comm, self.weight)
+        return self._scratch
+
+    def _average_now(self, what: str = "average", swap: bool = False) -> Handle:
+        """Blocking weighted average of the model tensors on every rank (see average_blocking);
+        a worker with non-finite values stops everyone before anything is sent."""
+        assert self._comm is not None
+        check = lambda buckets: self._agree_finite(has_nonfinite(buckets), what)  # noqa: E731
+        return average_blocking(self._tensors, self._scratch_buffer(), self._comm, self.weight, check, swap)
+
+    # -- non-finite values: every rank learns which rank went bad, at the same point ----------
+
+    def _health_flags(self, bad: bool) -> Tensor:
+        flags = torch.zeros(self.world_size, dtype=torch.float64, device=self.root_device)
+        flags[self.global_rank] = float(bad)
+        return flags
+
+    def _agree_finite(self, bad: bool, what: str) -> None:
+        assert self._comm is not None
+        flags = self._health_flags(bad)
+        self._comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
+        self._raise_if_nonfinite(flags, what)
+
+    def _raise_if_nonfinite(self, flags: Tensor, what: str) -> None:
+        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
+        if bad:
+            raise NonFiniteError(
+                f"{type(self).__name__}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
+                f"optimizer step {self._steps} ({what}); stopped before they reached any other worker's "
+                "model, and no checkpoint was written from them"
+            )
 
     def _flat_buffers(self) -> list[FlatBuffer]:
         """Every flat buffer this strategy holds (its memory overhead, in model copies)."""
@@ -234,9 +319,9 @@ class SyncStrategyBase(DDPStrategy):
         if self._comm is None or not self._tensors:
             return
         self._unpark()
-        with torch.no_grad():
+        with torch.no_grad(), self._collective("synchronising the workers"):
             self._flush()
-            self._average_now()
+            self._average_now("synchronisation point")
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
 
     @override
@@ -256,20 +341,16 @@ class SyncStrategyBase(DDPStrategy):
             return
         if not self._tensors:  # test/validate without fit: configure_ddp did not run
             self._tensors = self._model_tensors()
-        if self._scratch is None:
-            self._scratch = FlatBuffer(self._tensors)
-        with torch.no_grad():
-            self._scratch.pack(self._tensors)
-            self._comm.start_mean(self._scratch.buckets, self.weight).wait()
-            self._scratch.swap(self._tensors)  # model <- average, scratch <- live weights
-        self._parked_for_eval = True
+        buffer = self._scratch_buffer()
+        with torch.no_grad(), self._collective("averaging for evaluation"):
+            self._average_now("evaluation", swap=True)  # model <- average, buffer <- live weights
+        self._parked_in = buffer
 
     def _unpark(self) -> None:
-        if self._parked_for_eval:
-            assert self._scratch is not None
+        if self._parked_in is not None:
             with torch.no_grad():
-                self._scratch.swap(self._tensors)
-            self._parked_for_eval = False
+                self._parked_in.swap(self._tensors)
+            self._parked_in = None
 
     @override
     def on_validation_start(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_cocod.core import CoCoDRound, FlatBuffer, Handle
+from lightning_cocod.core import CoCoDRound, FlatBuffer, Handle, has_nonfinite
 from lightning_cocod.core.adapt import AdaptivePeriod
 from lightning_cocod.strategies.base import SyncStrategyBase
 
@@ -70,10 +70,11 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round: CoCoDRound | None = None
         self._launch_step = 0
         self._round_started = 0.0
-        # tau="auto": last round's (communication seconds, seconds per step), agreed on through
-        # a tiny all-reduce that rides behind the model's in the same round.
-        self._figures: FlatBuffer | None = None
-        self._figures_handle: Handle | None = None
+        # A tiny all-reduce rides behind the model's in every round: the sum over ranks of
+        # [last round's communication seconds, seconds per step, one non-finite flag per rank].
+        # Every rank thus agrees on the figures tau="auto" uses and on who holds NaN/Inf.
+        self._control: FlatBuffer | None = None
+        self._control_handle: Handle | None = None
         self._measured = (0.0, 0.0)
         self.tau_history: list[tuple[int, int]] = []
 
@@ -84,13 +85,21 @@ class CoCoDStrategy(SyncStrategyBase):
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
-        self._figures = FlatBuffer([torch.zeros(2, dtype=torch.float64, device=self.root_device)])
+        self._control = FlatBuffer([torch.zeros(2 + self.world_size, dtype=torch.float64, device=self.root_device)])
         self._measured = (0.0, 0.0)
         self.tau_history = [(0, self.tau)]
 
     def _flat_buffers(self) -> list[FlatBuffer]:
         mine = [self._round.snapshot, self._round.average] if self._round is not None else []
-        return mine + super()._flat_buffers()
+        return mine + [b for b in super()._flat_buffers() if all(b is not m for m in mine)]
+
+    def _scratch_buffer(self) -> FlatBuffer:
+        # With no round in flight the round's all-reduce buffer is idle: the synchronisation
+        # points (checkpoint, end of fit) average in it, so only evaluation in the middle of a
+        # round needs a third copy of the model.
+        if self._round is not None and not self._round.pending:
+            return self._round.average
+        return super()._scratch_buffer()
 
     def _before_step(self) -> None:
         assert self._round is not None and self._comm is not None
@@ -100,10 +109,12 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round.begin()
         self._launch_step = self._steps
         self._round_started = time.perf_counter()
-        if self._adaptive is not None:
-            assert self._figures is not None
-            self._figures.buckets[0].copy_(torch.tensor(self._measured, dtype=torch.float64))
-            self._figures_handle = self._comm.start_mean(self._figures.buckets)
+        assert self._control is not None
+        control = self._control.buckets[0]
+        control[:2] = torch.tensor(self._measured, dtype=torch.float64)
+        # A non-finite snapshot is sent, but no rank merges a round whose flags are raised.
+        control[2:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
+        self._control_handle = self._comm.start_mean(self._control.buckets, 1.0)
 
     def _after_step(self) -> None:
         if self._steps - self._launch_step >= self.tau:
@@ -114,12 +125,15 @@ class CoCoDStrategy(SyncStrategyBase):
             return
         steps = self._steps - self._launch_step
         compute = time.perf_counter() - self._round_started
+        assert self._control_handle is not None and self._control is not None
+        self._control_handle.wait()  # queued behind the model's: both have landed now
+        self._control_handle = None
+        control = self._control.buckets[0].tolist()
+        self._raise_if_nonfinite(torch.tensor(control[2:]), f"in the snapshot of the round launched at step {self._launch_step}")
         handle = self._round.finish()
         self._record(handle, self._launch_step, self._round.nbytes)
-        if self._figures_handle is not None:
-            self._figures_handle.wait()
-            self._figures_handle = None
-            self._adapt_period(*self._figures.buckets[0].tolist())
+        if self._adaptive is not None:
+            self._adapt_period(control[0] / self.world_size, control[1] / self.world_size)
             self._measured = (handle.comm_seconds, compute / steps if steps else 0.0)
 
     def _adapt_period(self, comm_seconds: float, step_seconds: float) -> None:
@@ -151,4 +165,4 @@ class CoCoDStrategy(SyncStrategyBase):
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
             self._round.handle = None
-        self._figures_handle = None
+        self._control_handle = None

@@ -31,6 +31,6 @@ class LocalSGDStrategy(SyncStrategyBase):
 
     def _after_step(self) -> None:
         if self._steps % self.tau == 0:
-            handle = self._average_now()
+            handle = self._average_now("round")
             assert self._scratch is not None
             self._record(handle, self._steps, self._scratch.nbytes)

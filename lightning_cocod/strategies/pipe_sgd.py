@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_cocod.core import GradientPipeline
+from lightning_cocod.core import GradientPipeline, Handle, has_nonfinite
 from lightning_cocod.strategies.base import SyncStrategyBase
 
 
@@ -29,6 +29,7 @@ class PipeSGDStrategy(SyncStrategyBase):
         super().__init__(**kwargs)
         self._pipeline: GradientPipeline | None = None
         self._launch_step = 0
+        self._health: tuple[Handle, Tensor] | None = None  # the flags sent with the gradients in flight
 
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
@@ -41,18 +42,31 @@ class PipeSGDStrategy(SyncStrategyBase):
         return mine + super()._flat_buffers()
 
     def _exchange(self) -> None:
-        assert self._pipeline is not None
-        _, waited = self._pipeline.exchange()
+        assert self._pipeline is not None and self._comm is not None
+        flags: list[Tensor] = []
+        # Read before the launch: once in flight the buffer holds a partial sum of everyone's.
+        _, waited = self._pipeline.exchange(lambda buckets: flags.append(self._health_flags(has_nonfinite(buckets))))
+        # Queued right behind the gradients, so waiting on it at the next step costs nothing more.
+        launched_health = (self._comm.start_mean(flags, 1.0), flags[0])
         if waited is not None:
             self._record(waited, self._launch_step, self._pipeline.nbytes)
+            # The mean gradient is in .grad but not applied yet: stop before the optimizer does.
+            previous, previous_flags = self._health
+            previous.wait()
+            self._raise_if_nonfinite(previous_flags, "gradient all-reduce")
+        self._health = launched_health
         self._launch_step = self._steps
 
     def _flush(self) -> None:
+        if self._health is not None:
+            self._health[0].wait()  # the flags of the gradients in flight, never applied
+            self._health = None
         if self._pipeline is not None:
             handle = self._pipeline.drain()
             if handle is not None:
                 self._record(handle, self._launch_step, self._pipeline.nbytes)
 
     def _abandon_in_flight(self) -> None:
+        self._health = None
         if self._pipeline is not None:
             self._pipeline.handle = None
