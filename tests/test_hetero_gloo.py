@@ -37,13 +37,17 @@ class PerSampleWork(pl.LightningModule):
         (self.out_dir / f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 
-def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path):
+@pytest.mark.parametrize("link_seconds", [0.0, 0.2])
+def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path, link_seconds):
+    # With a slow link the fast worker also waits at round ends: that wait is not compute, and
+    # counting it as such would hand the slow worker the larger batch.
     sampling = ProportionalSampling(global_batch_size=48)
+    link = [SlowLink(link_seconds)] if link_seconds else []
     trainer = pl.Trainer(
         strategy=CoCoDStrategy(tau=4, start_method="fork"), accelerator="cpu", devices=2, max_epochs=3,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[sampling, SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001)],
+        callbacks=[sampling, SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001), *link],
     )
     trainer.fit(PerSampleWork(tmp_path), datamodule=DigitsDataModule(batch_size=24))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -117,3 +117,32 @@ def test_same_seed_same_weights(tmp_path):
     assert runs[0][0]["final"] == runs[1][0]["final"] and runs[0][1]["trajectory"] == runs[1][1]["trajectory"]
     reference = toy.reference_cocod(2, 10, 4)[1]
     assert torch.allclose(torch.tensor(runs[0][0]["final"]), torch.tensor(reference[0]), atol=1e-6)
+
+
+def test_unreachable_rendezvous_is_one_clear_error_and_writes_nothing(tmp_path):
+    # Rank 1 of 2 with nobody serving the store: it must give up after the strategy's timeout
+    # with one line saying so, not wait for torch's 30-minute default.
+    script = f"""
+import os, sys, datetime
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}", WORLD_SIZE="2", RANK="1",
+                  LOCAL_RANK="1", NODE_RANK="0")
+import pytorch_lightning as pl
+from lightning_cocod import CoCoDStrategy
+from tests.helpers import toy
+trainer = pl.Trainer(strategy=CoCoDStrategy(timeout=datetime.timedelta(seconds=5)), accelerator="cpu",
+                     devices=2, max_steps=2, logger=False, enable_checkpointing=False,
+                     default_root_dir={str(tmp_path / "run")!r})
+try:
+    trainer.fit(toy.ToyRegression(2, {str(tmp_path / "out")!r}))
+except Exception as err:
+    print(type(err).__name__ + ": " + str(err), file=sys.stderr)
+    sys.exit(1)
+"""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 60
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RendezvousError: rank 1 could not reach the workers' rendezvous at 127.0.0.1:"), last
+    assert "within 0:00:05" in last
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

@@ -6,7 +6,7 @@ from typing import Any
 
 from pytorch_lightning.strategies import DDPStrategy
 
-from lightning_cocod.strategies.base import NonFiniteError, SyncStrategyBase, WorkerLostError
+from lightning_cocod.strategies.base import NonFiniteError, RendezvousError, SyncStrategyBase, WorkerLostError
 from lightning_cocod.strategies.cocod import CoCoDStrategy
 from lightning_cocod.strategies.local_sgd import LocalSGDStrategy
 from lightning_cocod.strategies.pipe_sgd import PipeSGDStrategy
@@ -30,4 +30,5 @@ def register_strategies(registry: Any) -> None:
 
 __all__ = [
     "NonFiniteError",
+    "RendezvousError",
     "WorkerLostError","CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "STRATEGIES", "SyncStrategyBase", "register_strategies"]

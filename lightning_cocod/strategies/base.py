@@ -62,6 +62,10 @@ class WorkerLostError(RuntimeError):
     """Our collective failed: another worker died or stalled, or the network broke."""
 
 
+class RendezvousError(RuntimeError):
+    """The workers could not meet: the store was unreachable or the others never came."""
+
+
 def _local_sigterm_check(trainer: pl.Trainer) -> Callable[[], None]:
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -150,6 +154,21 @@ class SyncStrategyBase(DDPStrategy):
 
     @override
     def setup_distributed(self) -> None:
+        try:
+            self._init_groups()
+        except RendezvousError:
+            raise
+        except (RuntimeError, TimeoutError) as err:  # DistStoreError, DistNetworkError, ...
+            env = self.cluster_environment
+            where = f"{env.main_address}:{env.main_port}" if env is not None else "MASTER_ADDR:MASTER_PORT"
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RendezvousError(
+                f"rank {self.global_rank} could not reach the workers' rendezvous at {where} within "
+                f"{self._timeout} ({first}); check that rank 0 runs and that the address is reachable "
+                "from this node"
+            ) from None
+
+    def _init_groups(self) -> None:
         if self.num_nodes == 1 and self.world_size > 1 and self.cluster_environment is not None:
             # Done before Lightning's own set-up, which then finds the group initialised.
             self.set_world_ranks()
@@ -305,12 +324,13 @@ class SyncStrategyBase(DDPStrategy):
     def buffer_bytes(self) -> int:
         return sum(buffer.nbytes for buffer in self._flat_buffers())
 
-    def _record(self, handle: Handle, launch_step: int, nbytes: int) -> None:
+    def _record(self, handle: Handle, launch_step: int, nbytes: int, also_waited: float = 0.0) -> None:
+        """``also_waited``: time blocked on other collectives of the round before this handle's
+        wait (it is exposed communication just the same)."""
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
+        exposed = handle.exposed_seconds + also_waited
         self.comm_stats.add(
-            RoundRecord(
-                launch_step, self._steps, handle.comm_seconds, handle.exposed_seconds, nbytes, handle.launched_at
-            )
+            RoundRecord(launch_step, self._steps, handle.comm_seconds, exposed, nbytes, handle.launched_at)
         )
 
     # -- consistency points ----------------------------------------------------------------

@@ -126,12 +126,15 @@ class CoCoDStrategy(SyncStrategyBase):
         steps = self._steps - self._launch_step
         compute = time.perf_counter() - self._round_started
         assert self._control_handle is not None and self._control is not None
+        waiting = time.perf_counter()
         self._control_handle.wait()  # queued behind the model's: both have landed now
         self._control_handle = None
         control = self._control.buckets[0].tolist()
-        self._raise_if_nonfinite(torch.tensor(control[2:]), f"in the snapshot of the round launched at step {self._launch_step}")
+        waited = time.perf_counter() - waiting
+        where = f"in the snapshot of the round launched at step {self._launch_step}"
+        self._raise_if_nonfinite(torch.tensor(control[2:]), where)
         handle = self._round.finish()
-        self._record(handle, self._launch_step, self._round.nbytes)
+        self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
         if self._adaptive is not None:
             self._adapt_period(control[0] / self.world_size, control[1] / self.world_size)
             self._measured = (handle.comm_seconds, compute / steps if steps else 0.0)
