@@ -150,15 +150,21 @@ class ProportionalSampling(Callback):
         elif len(set(sizes)) > 1 and trainer.is_global_zero:
             log.warning(f"{type(strategy).__name__} averages gradients uniformly: unequal batches {sizes} are not weighted")
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
-        self._step_started = time.perf_counter()
-        self._exposed_before = self._exposed(trainer)
-        self._batch = len(batch[0])
+    # A step is measured from the previous step's end, not from this callback's batch-start
+    # hook: whatever runs in the step counts however the callbacks are ordered (a slowdown
+    # that sleeps in its own batch-start hook included). The first step of an epoch is left
+    # out, so the epoch-end all_gather (where a fast worker waits for the slow) is not compute.
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_end: float | None = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        waited = self._exposed(trainer) - self._exposed_before
-        self._seconds += time.perf_counter() - self._step_started - waited
-        self._samples += self._batch
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *args: Any
+    ) -> None:
+        now, exposed = time.perf_counter(), self._exposed(trainer)
+        if getattr(self, "_last_end", None) is not None:
+            self._seconds += now - self._last_end - (exposed - self._exposed_at_end)
+            self._samples += len(batch[0])
+        self._last_end, self._exposed_at_end = now, exposed
 
     @staticmethod
     def _exposed(trainer: pl.Trainer) -> float:

@@ -47,7 +47,8 @@ def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path, link_second
         strategy=CoCoDStrategy(tau=4, start_method="fork"), accelerator="cpu", devices=2, max_epochs=3,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0,
-        callbacks=[sampling, SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001), *link],
+        # The slowdown's hook runs first: the measurement must count it all the same.
+        callbacks=[SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001), sampling, *link],
     )
     trainer.fit(PerSampleWork(tmp_path), datamodule=DigitsDataModule(batch_size=24))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
