@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.compare import label, markdown_table, run_method, steady_step_seconds
+from lightning_cocod.compare import label, markdown_table, new_axes, run_method, save_plot, steady_step_seconds
 from lightning_cocod.launch import format_rate, parse_rate
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
@@ -138,25 +138,13 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
 
 
 def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rates = [r for r in rates if r]  # an unshaped run has no place on a rate axis
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_axes()
     for name, by_rate in figures["methods"].items():
         ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
     ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label="compute only (bound)")
     ax.set_xscale("log")
-    ax.set_xlabel("link rate (bit/s)")
-    ax.set_ylabel("step time (s)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, path, "link rate (bit/s)", "step time (s)", title)
 
 
 def main(argv: list[str] | None = None) -> int:

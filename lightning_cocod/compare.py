@@ -12,7 +12,7 @@ from typing import Any
 from lightning_cocod.callbacks import steady_step_seconds
 from lightning_cocod.launch import launch_workers
 
-__all__ = ["label", "markdown_table", "run_method", "steady_step_seconds"]
+__all__ = ["label", "markdown_table", "new_axes", "run_method", "save_plot", "steady_step_seconds"]
 
 METHOD_LABELS = {
     "bound": "compute only (bound)",
@@ -94,3 +94,25 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def new_axes() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on the machines this runs on
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.compare import label, markdown_table, run_method
+from lightning_cocod.compare import label, markdown_table, new_axes, run_method, save_plot
 from lightning_cocod.launch import format_rate, parse_rate
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
@@ -65,22 +65,10 @@ def hidden_share(results: list[dict[str, Any]]) -> str:
 
 
 def plot(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_axes()
     for name, points in curves.items():
         ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3, label=name)
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, path, "wall time (s)", "test accuracy (%)", title)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import torch
 
 from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
 from tests.helpers import toy
+from tests.test_resume_gloo import SaveAt
 from tests.test_strategies_gloo import fit
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
@@ -77,15 +78,6 @@ class PoisonRank1(pl.Callback):
         if trainer.global_rank == 1 and trainer.global_step == self.at:
             with torch.no_grad():
                 pl_module.net.weight[0, 0] = float("nan")
-
-
-class SaveAt(pl.Callback):
-    def __init__(self, step, path):
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
 
 
 @pytest.mark.parametrize(
