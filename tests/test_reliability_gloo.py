@@ -96,6 +96,16 @@ def test_nonfinite_values_stop_the_run_naming_rank_and_step(tmp_path, strategy, 
         fit(strategy(), tmp_path, steps=16, callbacks=[PoisonRank1(6)])
 
 
+@pytest.mark.parametrize("strategy_cls", [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy])
+def test_skip_recovers_the_bad_worker_and_the_run_goes_on(tmp_path, strategy_cls):
+    ranks = fit(strategy_cls(on_nonfinite="skip", start_method="fork"), tmp_path, steps=16, callbacks=[PoisonRank1(6)])
+    final = [torch.tensor(r["final"]) for r in ranks]
+    assert all(torch.isfinite(f).all() for f in final) and torch.equal(final[0], final[1])
+    for record in ranks:  # rank 1 was bad for a while, then healthy to the end
+        late = torch.tensor(record["trajectory"][-1])
+        assert torch.isfinite(late).all()
+
+
 def test_no_checkpoint_is_written_from_nonfinite_weights(tmp_path):
     ckpt = tmp_path / "late.ckpt"
     with pytest.raises(Exception, match=r"NonFiniteError.*rank 1 at optimizer step 7.*synchronisation point"):

@@ -49,6 +49,14 @@ class CoCoDRound:
         self.handle = self.comm.start_mean(self.average.buckets, self.weight)
         return self.handle
 
+    def abandon(self) -> Handle:
+        """Wait for the round's all-reduce and drop it: nothing is merged."""
+        if self.handle is None:
+            raise RuntimeError("CoCoDRound.abandon() called with no round pending")
+        handle, self.handle = self.handle, None
+        handle.wait()
+        return handle
+
     def finish(self) -> Handle:
         if self.handle is None:
             raise RuntimeError("CoCoDRound.finish() called with no round pending")

@@ -50,6 +50,9 @@ class Communicator(Protocol):
         the plain mean. The buckets must not be touched until the handle's ``wait`` returns.
         """
 
+    def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
+        """Blocking: every rank's buckets take rank ``src``'s (recovery after non-finite values)."""
+
     def destroy(self) -> None:
         """Release the process group (or whatever carries the collectives)."""
 
@@ -193,6 +196,13 @@ class TorchDistCommunicator:
                 bucket.mul_(share)
             works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buckets]
         return _CudaHandle(works, self._stream, launched)
+
+    def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
+        try:
+            for bucket in buckets:
+                dist.broadcast(bucket, src=dist.get_global_rank(self.group, src), group=self.group)
+        except RuntimeError as err:
+            raise _failed(err) from err
 
     def destroy(self) -> None:
         if self.group is not None and dist.is_initialized():

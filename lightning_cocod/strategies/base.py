@@ -86,7 +86,10 @@ class SyncStrategyBase(DDPStrategy):
     - validation and test see the average of the workers' models, then the live weights return,
       so evaluating never changes the training trajectory;
     - a checkpoint and the end of fit are synchronisation points: pending communication is
-      finished and merged, then every rank takes the average, so any rank's state is the run's.
+      finished and merged, then every rank takes the average, so any rank's state is the run's;
+    - NaN/Inf on any worker is caught before it reaches another worker's average: every rank
+      raises ``NonFiniteError`` (``on_nonfinite="raise"``), or with ``"skip"`` the update is
+      dropped and the bad workers restart from a healthy worker's model.
     """
 
     strategy_name: ClassVar[str] = ""
@@ -96,6 +99,7 @@ class SyncStrategyBase(DDPStrategy):
         self,
         *,
         average_buffers: bool = True,
+        on_nonfinite: str = "raise",
         accelerator: pl.accelerators.Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -115,6 +119,8 @@ class SyncStrategyBase(DDPStrategy):
                 else "it accepts the algorithm's own options plus process_group_backend, timeout, start_method"
             )
             raise TypeError(f"{name} got unsupported option(s) {bad}: {why}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"{name}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
         if not isinstance(average_buffers, bool):
             raise TypeError(f"{name}: average_buffers must be True or False, got {average_buffers!r}")
         if start_method not in ("popen", "spawn", "fork", "forkserver"):
@@ -132,6 +138,8 @@ class SyncStrategyBase(DDPStrategy):
             start_method=start_method,
         )
         self.average_buffers = average_buffers
+        self.on_nonfinite = on_nonfinite
+        self.skipped: list[tuple[int, list[int]]] = []  # (step, bad ranks) recovered by on_nonfinite="skip"
         self.comm_stats = CommStats()
         self.peak_buffer_bytes = 0
         # This rank's share in every average (sum over ranks = 1); None is the plain mean.
@@ -144,7 +152,10 @@ class SyncStrategyBase(DDPStrategy):
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
 
     def _options(self) -> dict[str, Any]:
-        return {"average_buffers": self.average_buffers}
+        options: dict[str, Any] = {"average_buffers": self.average_buffers}
+        if self.on_nonfinite != "raise":
+            options["on_nonfinite"] = self.on_nonfinite
+        return options
 
     def __repr__(self) -> str:
         options = {**self._options(), "start_method": self._start_method}
@@ -305,15 +316,41 @@ class SyncStrategyBase(DDPStrategy):
         assert self._comm is not None
         flags = self._health_flags(bad)
         self._comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
-        self._raise_if_nonfinite(flags, what)
+        if self._raise_if_nonfinite(flags, what):
+            # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
+            self._scratch_buffer().pack(self._tensors)
 
-    def _raise_if_nonfinite(self, flags: Tensor, what: str) -> None:
+    def _raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
+        """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
+        (the caller then drops the pending update)."""
         bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
-        if bad:
-            raise NonFiniteError(
-                f"{type(self).__name__}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
-                f"optimizer step {self._steps} ({what}); stopped before they reached any other worker's "
-                "model, and no checkpoint was written from them"
+        if not bad:
+            return False
+        if self.on_nonfinite == "skip" and len(bad) < self.world_size:
+            self._recover_from(min(set(range(self.world_size)) - set(bad)), bad, what)
+            return True
+        raise NonFiniteError(
+            f"{type(self).__name__}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
+            f"optimizer step {self._steps} ({what}); stopped before they reached any other worker's "
+            "model, and no checkpoint was written from them"
+        )
+
+    def _recover_from(self, source: int, bad: list[int], what: str) -> None:
+        """Workers that went non-finite take the model of a healthy one and restart their optimizer
+        state (momentum would carry the NaN on); the healthy keep theirs."""
+        assert self._comm is not None
+        buffer = self._scratch_buffer()
+        buffer.pack(self._tensors)
+        self._comm.broadcast(buffer.buckets, source)
+        if self.global_rank in bad:
+            buffer.unpack(self._tensors)
+            for optimizer in self.optimizers:
+                optimizer.state.clear()
+        self.skipped.append((self._steps, bad))
+        if self.is_global_zero:
+            log.warning(
+                f"non-finite values on rank {bad} at optimizer step {self._steps} ({what}): update skipped, "
+                f"rank(s) {bad} restarted from rank {source}'s model (on_nonfinite='skip')"
             )
 
     def _flat_buffers(self) -> list[FlatBuffer]:

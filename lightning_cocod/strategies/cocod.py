@@ -132,7 +132,9 @@ class CoCoDStrategy(SyncStrategyBase):
         control = self._control.buckets[0].tolist()
         waited = time.perf_counter() - waiting
         where = f"in the snapshot of the round launched at step {self._launch_step}"
-        self._raise_if_nonfinite(torch.tensor(control[2:]), where)
+        if self._raise_if_nonfinite(torch.tensor(control[2:]), where):
+            self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
+            return
         handle = self._round.finish()
         self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
         if self._adaptive is not None:

@@ -53,7 +53,9 @@ class PipeSGDStrategy(SyncStrategyBase):
             # The mean gradient is in .grad but not applied yet: stop before the optimizer does.
             previous, previous_flags = self._health
             previous.wait()
-            self._raise_if_nonfinite(previous_flags, "gradient all-reduce")
+            if self._raise_if_nonfinite(previous_flags, "gradient all-reduce"):
+                for p in self._pipeline.params:  # on_nonfinite="skip": no update this step
+                    p.grad = None
         self._health = launched_health
         self._launch_step = self._steps
 

@@ -33,6 +33,9 @@ class FakeComm:
         self.cluster.log.append(("launch", self.rank, index))
         return FakeHandle(self, index, list(buckets))
 
+    def broadcast(self, buckets, src):
+        raise NotImplementedError("the fake cluster simulates all-reduce only")
+
     def destroy(self) -> None:
         pass
 
