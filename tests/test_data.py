@@ -24,6 +24,7 @@ from lightning_cocod.data import (
     random_crop,
     random_flip,
 )
+from tests.helpers.trainers import single_cpu_trainer
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -311,15 +312,7 @@ class Probe(pl.LightningModule):
 def test_lightning_drives_epochs_and_preprocessing_with_default_sampler_setting():
     dm = SyntheticDataModule(num_samples=32, num_eval_samples=8, image_shape=(3, 8, 8), batch_size=8)
     probe = Probe()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = single_cpu_trainer(max_epochs=3)
     trainer.fit(probe, datamodule=dm)
     assert probe.epochs == [0, 1, 2]
     assert probe.train_dtypes == probe.val_dtypes == {torch.float32}

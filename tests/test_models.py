@@ -9,6 +9,7 @@ from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
 from lightning_cocod.models import VGG16, ClassifierModule, ResNet18, SmallCNN, build_model
 from lightning_cocod.models.classifier import param_groups
 from lightning_cocod.models.schedule import lr_factor
+from tests.helpers.trainers import single_cpu_trainer
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -148,18 +149,8 @@ class RecordLR(pl.Callback):
 
 def tiny_fit(module, datamodule, max_epochs, **trainer_kw):
     recorder = RecordLR()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        callbacks=[recorder],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        **trainer_kw,
+    trainer = single_cpu_trainer(
+        max_epochs=max_epochs, callbacks=[recorder], num_sanity_val_steps=0, limit_val_batches=0, **trainer_kw
     )
     trainer.fit(module, datamodule=datamodule)
     return trainer, recorder.lrs
@@ -205,9 +196,7 @@ def test_step_schedule_in_a_fit():
 
 def test_top5_logged_for_100_classes():
     module = ClassifierModule(tiny_net(100), lr=0.1)
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
-    )
+    trainer = single_cpu_trainer()
     trainer.validate(module, datamodule=synthetic(100), verbose=False)
     assert {"val/loss", "val/acc", "val/acc_top5"} <= set(trainer.callback_metrics)
     assert ClassifierModule(tiny_net(10)).val_acc_top5 is None
@@ -216,15 +205,7 @@ def test_top5_logged_for_100_classes():
 def test_small_cnn_learns_digits():
     pl.seed_everything(0)
     module = ClassifierModule(SmallCNN(1, 10, width=32), lr=0.1, warmup_epochs=1)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=5,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = single_cpu_trainer(max_epochs=5)
     datamodule = DigitsDataModule(batch_size=64)
     trainer.fit(module, datamodule=datamodule)
     (result,) = trainer.test(module, datamodule=datamodule, verbose=False)

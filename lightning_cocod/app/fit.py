@@ -17,14 +17,12 @@ from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_p
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
     """Mean step time over whole rounds after ``warmup`` steps; a short run gives up the warm-up
     (and then whole rounds) rather than report nothing. None with fewer than two steps."""
-    from lightning_cocod.callbacks import StepTimer
+    from lightning_cocod.callbacks import steady_step_seconds as over_whole_periods
 
-    timer = StepTimer()
-    timer.step_ends = step_ends
     n = len(step_ends)
     for w, p in ((warmup, period), (max(1, min(warmup, n - period)), period), (1, 1)):
         try:
-            return timer.steady_step_seconds(w, p)
+            return over_whole_periods(step_ends, w, p)
         except ValueError:
             continue
     return None
