@@ -3,21 +3,26 @@
     cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
     cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
+    cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
 
 A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
 (proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``.
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,
 batch and number of steps. The bound is the same steps on single-process Trainers, one per
-worker, side by side, with no process group at all. Step time is the mean over whole rounds
-after a warm-up, so the waits at round boundaries count. The strategy's own overhead is CoCoD
-on an unshaped link with a period longer than the run (no round completes) against the bound.
+worker, side by side, with no process group at all, measured before and after every run: a
+run's ratio is to the mean of the two bounds around it. Step time is the mean over whole rounds
+after a warm-up, so the waits at round boundaries count, of the slowest rank (a run is done
+when its last worker is). The strategy's own overhead is CoCoD on an unshaped link with a
+period longer than the run (no round completes) against the bound. With ``--repeats`` the table
+gives the median of each ratio over passes and its range.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join(METHODS), help="e.g. ssgd,cocod,cocod:auto,cocod:ps")
     parser.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)")
     parser.add_argument("--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="passes over all runs; medians of per-pass ratios are reported"
+    )
     parser.add_argument("--no-overhead", action="store_true", help="skip the strategy-overhead run")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
     args = parser.parse_args(argv)
@@ -86,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.rate_list:
         parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
     args.warmup = args.tau if args.warmup is None else args.warmup
-    for name, low in (("workers", 2), ("tau", 1), ("batch_size", 1), ("warmup", 1)):
+    for name, low in (("workers", 2), ("tau", 1), ("batch_size", 1), ("warmup", 1), ("repeats", 1)):
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
     if args.steps < args.warmup + 2 * args.tau:
@@ -116,14 +124,17 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
 
 
 def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
-    """Figures of one run, averaged over its ranks (peak memory: the largest rank)."""
+    """Figures of one run. Its step time is its slowest rank's: a run is done when every worker
+    has taken its steps, and the cores of a shared machine differ in speed (10-15% between the
+    two side-by-side workers of one bound run here), so the bound is what the slowest worker
+    alone achieves. Communication figures are averaged over ranks; peak memory is the largest."""
     if periodic:
         steps = [steady_over_rounds(r, warmup) for r in results]
     else:
         steps = [steady_step_seconds(r["step_ends"], warmup, 1) for r in results]
     comm = [r["comm"] for r in results if r.get("comm")]
     return {
-        "step_seconds": sum(steps) / len(steps),
+        "step_seconds": max(steps),
         "step_seconds_per_rank": steps,
         "exposed_seconds_per_step": (
             sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"]) if comm else None
@@ -147,6 +158,74 @@ def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> N
     save_plot(fig, ax, path, "link rate (bit/s)", "step time (s)", title)
 
 
+def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[str, Any]:
+    """One pass: the bound, then each run (the overhead run, every method at every rate)
+    followed by the bound again. A run's ratio is to the mean of the two bounds around it, so a
+    machine whose speed drifts by minutes (this one does, by 10-40%) drifts out of the ratio."""
+    total, warmup = f"/{args.steps}", args.warmup
+    bounds: list[dict[str, Any]] = []
+
+    def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
+        if not bounds:
+            bounds.append(run_bound())
+        result = summarize(run_method(run_spec, args.workers, rate, out, total), warmup, periodic)
+        bounds.append(run_bound())
+        result["bound_seconds"] = (bounds[-2]["step_seconds"] + bounds[-1]["step_seconds"]) / 2
+        result["vs_bound"] = result["step_seconds"] / result["bound_seconds"]
+        return result
+
+    def run_bound() -> dict[str, Any]:
+        runs = run_method({**spec, "method": "bound"}, args.workers, None, out, total, suffix=f"-{len(bounds) + 1}")
+        return summarize(runs, warmup, False)
+
+    figures: dict[str, Any] = {"methods": {}}
+    if not args.no_overhead:
+        figures["overhead"] = run({**spec, "method": "cocod", "tau": args.steps + 1}, None, periodic=False)
+    for rate, bps in zip(args.rate_list, args.rate_bps):
+        for method in args.method_specs:
+            figures["methods"].setdefault(method_label(method), {})[str(bps)] = run({**spec, **method}, rate, method["method"] in PERIODIC)
+        ssgd = figures["methods"].get(label("ssgd"), {}).get(str(bps))
+        for by_rate in figures["methods"].values():
+            f = by_rate[str(bps)]
+            # Both against their own bounds: the speedup is drift-corrected too.
+            f["vs_ssgd"] = ssgd["vs_bound"] / f["vs_bound"] if ssgd else None
+    figures["bound"] = {**bounds[-1], "step_seconds": statistics.median(b["step_seconds"] for b in bounds)}
+    figures["bound"]["peak_rss_bytes"] = max(b["peak_rss_bytes"] for b in bounds)
+    figures["bound_runs"] = bounds
+    return figures
+
+
+def combine(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over passes of every figure; the spread of a ratio is kept as its range.
+
+    On a shared machine speed drifts by more than the effects measured, so a ratio is formed
+    within a pass (method and bound minutes apart) and only then summarized across passes."""
+
+    def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
+        merged = dict(items[-1])
+        for key, value in items[0].items():
+            values = [item[key] for item in items]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and None not in values:
+                merged[key] = statistics.median(values)
+                if key.startswith("vs_") and len(items) > 1:
+                    merged[key + "_range"] = [min(values), max(values)]
+        return merged
+
+    figures = {"bound": merge([p["bound"] for p in passes]), "methods": {}}
+    if "overhead" in passes[0]:
+        figures["overhead"] = merge([p["overhead"] for p in passes])
+    for name, by_rate in passes[0]["methods"].items():
+        figures["methods"][name] = {bps: merge([p["methods"][name][bps] for p in passes]) for bps in by_rate}
+    return figures
+
+
+def ratio(figure: dict[str, Any], key: str) -> str:
+    value, spread = figure.get(key), figure.get(key + "_range")
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -157,37 +236,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.epoch_steps:
         spec["epoch_steps"] = args.epoch_steps
-    total = f"/{args.steps}"
     print(
         f"cocod-bench: {args.model}, {args.workers} CPU workers x 1 thread, batch {args.batch_size}/worker, "
         f"{args.steps} steps (first {args.warmup} discarded), tau={args.tau}, rates {', '.join(args.rate_list)}"
         + (f", slowdown {args.slowdown_factors}" if args.slowdown_factors else "")
+        + (f", {args.repeats} passes (medians; ranges in brackets)" if args.repeats > 1 else "")
         + "\n"
     )
-    warmup = args.warmup
-    bound = summarize(run_method({**spec, "method": "bound"}, args.workers, None, out, total), warmup, False)
-    figures: dict[str, Any] = {"args": {k: v for k, v in vars(args).items()}, "bound": bound, "methods": {}}
-    if not args.no_overhead:
-        idle = {**spec, "method": "cocod", "tau": args.steps + 1}
-        figures["overhead"] = summarize(run_method(idle, args.workers, None, out, total), warmup, False)
-    for rate, bps in zip(args.rate_list, args.rate_bps):
-        for method in args.method_specs:
-            runs = run_method({**spec, **method}, args.workers, rate, out, total)
-            result = summarize(runs, warmup, method["method"] in PERIODIC)
-            figures["methods"].setdefault(method_label(method), {})[str(bps)] = result
+    passes = []
+    for index in range(args.repeats):
+        if args.repeats > 1:
+            print(f"pass {index + 1}/{args.repeats}")
+        passes.append(measure(args, spec, out / f"pass{index + 1}" if args.repeats > 1 else out))
+    figures = {"args": {k: v for k, v in vars(args).items()}, **combine(passes), "passes": passes}
     (out / "bench.json").write_text(json.dumps(figures, indent=1))
 
+    bound = figures["bound"]
     rows = []
-    model_mb = bound["model_bytes"] / 1e6
     for rate, bps in zip(args.rate_list, args.rate_bps):
-        ssgd = figures["methods"].get(label("ssgd"), {}).get(str(bps))
         for name, by_rate in figures["methods"].items():
             f = by_rate[str(bps)]
             extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
             rows.append([
                 format_rate(bps) if bps else "unshaped", name, f"{f['step_seconds']:.3f}",
-                f"{f['step_seconds'] / bound['step_seconds']:.2f}x",
-                f"{ssgd['step_seconds'] / f['step_seconds']:.2f}x" if ssgd else "n/a",
+                ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
                 f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
                 f"{100 * f['hidden_fraction']:.0f}%" if f["hidden_fraction"] is not None else "n/a",
                 f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
@@ -200,13 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(headers, rows)
     lines = [
         f"bound (compute only): {bound['step_seconds']:.3f} s/step, peak RSS {bound['peak_rss_bytes'] / 2**20:.0f} MiB;"
-        f" model {model_mb:.1f} MB",
+        f" model {bound['model_bytes'] / 1e6:.1f} MB",
     ]
     if "overhead" in figures:
         o = figures["overhead"]
+        spread = o.get("vs_bound_range")
         lines.append(
             f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
-            f"{100 * (o['step_seconds'] / bound['step_seconds'] - 1):+.1f}% vs the bound"
+            f"{100 * (o['vs_bound'] - 1):+.1f}% vs the bound"
+            + (f" (passes: {100 * (spread[0] - 1):+.1f}% to {100 * (spread[1] - 1):+.1f}%)" if spread else "")
         )
     report = "\n".join([table, "", *lines])
     print("\n" + report)

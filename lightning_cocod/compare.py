@@ -63,12 +63,19 @@ class Progress:
 
 
 def run_method(
-    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, total: str = "", timeout_s: float = 1800
+    spec: dict[str, Any],
+    workers: int,
+    rate: str | None,
+    out_dir: Path,
+    total: str = "",
+    timeout_s: float = 1800,
+    suffix: str = "",
 ) -> list[dict[str, Any]]:
-    """Run ``spec`` on ``workers`` ranks over a link shaped to ``rate``; returns each rank's result."""
+    """Run ``spec`` on ``workers`` ranks over a link shaped to ``rate``; returns each rank's result.
+    ``suffix`` tells apart the folders of repeated runs of one method."""
     name = f"{spec['method']}" + (f"-tau{spec['tau']}" if spec["method"] in ("local_sgd", "cocod") else "")
     name += "-ps" if spec.get("proportional") else ""
-    run_dir = out_dir / f"{name}-{rate or 'unshaped'}"
+    run_dir = out_dir / f"{name}-{rate or 'unshaped'}{suffix}"
     run_dir.mkdir(parents=True, exist_ok=True)
     progress_path = run_dir / "progress.json"
     progress_path.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import ConfigError, check_values
+from lightning_cocod.app.checks import ConfigError, check_values, resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
 from lightning_cocod.app.loggers import redact, to_plain
 from lightning_cocod.app.preflight import config_dir, preflight
@@ -56,6 +56,10 @@ def run(cfg: DictConfig) -> float | None:
     check_values(cfg)
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
+    except ConfigError as err:
+        raise SystemExit(f"cocod-train: error: {err}") from None
     identity = make_identity(cfg, job_dir, _run_id(job_dir, hydra_cfg.mode == RunMode.MULTIRUN))
     workers = world_size(cfg)
     log.info(

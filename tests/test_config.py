@@ -180,6 +180,13 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["hetero.batch_sizes=[100,100]"], "hetero.batch_sizes=[100, 100] is invalid; accepted: 2 positive integers summing to 256"),
         (["strategy=ssgd", "hetero.proportional=true"], "hetero.proportional=True is invalid; accepted: false with strategy ssgd"),
         (["hetero.nope=1"], "unknown key 'hetero.nope'"),
+        (["checkpoint.every_n_epochs=-1"], "checkpoint.every_n_epochs=-1 is invalid; accepted: an integer >= 0"),
+        (
+            ["run_id=never-ran", "checkpoint.resume=last"],
+            "checkpoint.resume='last' is invalid; accepted: null, last, or the path of a .ckpt file (no outputs/default/never-ran/checkpoints/last.ckpt: pass the run_id",
+        ),
+        (["checkpoint.resume=/no/such.ckpt"], "(no file /no/such.ckpt)"),
+        (["trainer.enable_checkpointing=true"], "unknown key 'trainer.enable_checkpointing'"),
         (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lightning_cocod import report
@@ -101,6 +102,33 @@ def test_cpu_multirun_runs_every_job_and_the_report_reads_them(tmp_path):
     assert "No S-SGD run in this group" in table
     png = (tmp_path / "report" / "smoke_accuracy_vs_time.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+
+
+def run_app(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.train", "experiment=smoke", "logger=none",
+         f"out_root={tmp_path / 'out'}", *overrides],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200, check=False, stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(420)
+def test_a_run_checkpoints_by_default_and_continues_from_its_last_checkpoint(tmp_path):
+    tiny = [o for o in TINY if not o.startswith(("hetero.", "max_epochs"))]
+    first = run_app(tmp_path, "run_id=r1", "max_epochs=1", *tiny)
+    assert first.returncode == 0, first.stderr[-3000:]
+    last = tmp_path / "out" / "smoke" / "r1" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 2  # the one epoch of this run
+
+    second = run_app(tmp_path, "run_id=r1", "max_epochs=2", "checkpoint.resume=last", *tiny)
+    assert second.returncode == 0, second.stderr[-3000:]
+    record = json.loads((tmp_path / "out" / "smoke" / "r1" / "run.json").read_text())
+    # Continued, not restarted: only the second epoch was trained (and validated) this time.
+    assert record["steps"] == 4 and [p["epoch"] for p in record["timeline"]] == [1]
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 4
 
 
 def test_wandb_mode_follows_env_key_and_pytest(tmp_path):

@@ -6,6 +6,7 @@ The second pass, which imports the ``_target_`` classes, is in ``objects``.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +30,9 @@ TOP_KEYS = {
     *("name", "group", "run_id", "out_root", "seed", "max_epochs", "max_steps", "target_accuracy"),
     "step_time_warmup",
     "hetero",
+    "checkpoint",
 }
+CHECKPOINT_KEYS = {"every_n_epochs", "resume"}
 HETERO_KEYS = {"proportional", "batch_sizes", "every_n_epochs", "slowdown"}
 DATASET_KEYS = {"name", "num_classes", "in_channels"}
 # Trainer arguments the app derives from the launcher, strategy and logger groups.
@@ -41,6 +44,7 @@ APP_TRAINER_KEYS = {
     "logger",
     "callbacks",
     "default_root_dir",
+    "enable_checkpointing",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
 
@@ -75,6 +79,29 @@ def _check_hetero(cfg: DictConfig, method: str) -> None:
         factors = list(hetero.slowdown)
         if len(factors) != workers or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in factors):
             raise bad("hetero.slowdown", factors, f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])")
+
+
+def _check_checkpoint(cfg: DictConfig) -> None:
+    checkpoint = cfg.checkpoint
+    _unknown(checkpoint, "checkpoint", CHECKPOINT_KEYS)
+    every = checkpoint.every_n_epochs
+    if not _is_int(every) or every < 0:
+        raise bad("checkpoint.every_n_epochs", every, "an integer >= 0 (0: no checkpoints)")
+    resume = checkpoint.resume
+    if resume is not None and (not isinstance(resume, str) or not resume):
+        raise bad("checkpoint.resume", resume, "null, last, or the path of a .ckpt file")
+
+
+def resume_checkpoint(cfg: DictConfig, job_dir: Path) -> str | None:
+    """The checkpoint a run continues from, checked to exist, or None for a fresh start."""
+    resume = cfg.checkpoint.resume
+    if resume is None:
+        return None
+    path = job_dir / "checkpoints" / "last.ckpt" if resume == "last" else Path(resume).expanduser()
+    if not path.is_file():
+        where = f"no {path}: pass the run_id of the run to continue" if resume == "last" else f"no file {path}"
+        raise bad("checkpoint.resume", resume, f"null, last, or the path of a .ckpt file ({where})")
+    return str(path)
 
 
 def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
@@ -156,6 +183,7 @@ def check_values(cfg: DictConfig) -> None:
             "a positive integer (optimizer steps per round)" + (", or 'auto'" if method == "cocod" else ""),
         )
     _check_hetero(cfg, method)
+    _check_checkpoint(cfg)
     if cfg.strategy.get("start_method", "popen") != "popen":
         raise bad(
             "strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist before the Trainer)"

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lightning_cocod.app import ledger
+from lightning_cocod.app.checks import resume_checkpoint
 from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
 
 
@@ -31,9 +32,26 @@ def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> flo
 def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     kwargs = to_plain(cfg.trainer)
     kwargs.update(
-        accelerator=cfg.launcher.accelerator, devices=cfg.launcher.devices, num_nodes=cfg.launcher.num_nodes
+        accelerator=cfg.launcher.accelerator,
+        devices=cfg.launcher.devices,
+        num_nodes=cfg.launcher.num_nodes,
+        enable_checkpointing=cfg.checkpoint.every_n_epochs > 0,
     )
     return kwargs
+
+
+def _checkpoint_callbacks(cfg: DictConfig, job_dir: Path) -> list[Any]:
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    if cfg.checkpoint.every_n_epochs == 0:
+        return []
+    # last.ckpt only: it is rewritten atomically by the strategies, and a fresh run in a folder
+    # that already holds one writes last-v1.ckpt rather than replace it.
+    return [
+        ModelCheckpoint(
+            dirpath=job_dir / "checkpoints", save_top_k=0, save_last=True, every_n_epochs=cfg.checkpoint.every_n_epochs
+        )
+    ]
 
 
 def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
@@ -74,11 +92,11 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         **_trainer_kwargs(cfg),
         strategy=strategy,
         logger=logger,
-        callbacks=[timer, timeline, *_hetero_callbacks(cfg)],
+        callbacks=[timer, timeline, *_hetero_callbacks(cfg), *_checkpoint_callbacks(cfg, job_dir)],
         default_root_dir=str(job_dir),
     )
     log_start(logger, identity, to_plain(cfg))
-    trainer.fit(model, datamodule=data)
+    trainer.fit(model, datamodule=data, ckpt_path=resume_checkpoint(cfg, job_dir))
     train_seconds = timer.elapsed  # before testing adds to the clock
     # S-SGD is Lightning's DDPStrategy, which keeps no CommStats.
     comm = strategy.comm_stats.summary() if hasattr(strategy, "comm_stats") else {}

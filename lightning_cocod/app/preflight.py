@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lightning_cocod.app.checks import ConfigError, check_values
+from lightning_cocod.app.checks import ConfigError, check_values, resume_checkpoint
 from lightning_cocod.app.objects import check_objects
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
@@ -122,6 +122,8 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
         configs = [compose_job(conf, config_name, overrides) for overrides in jobs]
     for overrides, cfg in zip(jobs, configs):
         _label(check_values, cfg, overrides, len(jobs))
+    if not args.multirun:  # a sweep's job folders are Hydra's to name: each job checks its own
+        resume_checkpoint(configs[0], Path(configs[0].out_root) / configs[0].name / configs[0].run_id)
     # The import-heavy pass (torch, Lightning) only once every job has passed the cheap one.
     for overrides, cfg in zip(jobs, configs):
         _label(check_objects, cfg, overrides, len(jobs))

@@ -1,0 +1,69 @@
+"""The benchmark's arithmetic on made-up runs whose answers are known by construction."""
+
+import pytest
+
+from lightning_cocod.bench import combine, ratio, round_ends, summarize
+
+
+def rank_result(step_seconds: list[float], rounds=(), comm=None, rss=100, model_bytes=10) -> dict:
+    ends, t = [], 0.0
+    for seconds in step_seconds:
+        t += seconds
+        ends.append(t)
+    return {
+        "step_ends": ends, "rounds": [list(r) for r in rounds], "comm": comm, "peak_rss_bytes": rss,
+        "model_bytes": model_bytes, "buffer_bytes": 2 * model_bytes,
+    }
+
+
+def test_a_run_takes_as_long_as_its_slowest_rank():
+    fast, slow = rank_result([1.0] * 10, rss=100), rank_result([1.2] * 10, rss=130)
+    figures = summarize([fast, slow], warmup=2, periodic=False)
+    assert figures["step_seconds"] == pytest.approx(1.2)
+    assert figures["step_seconds_per_rank"] == pytest.approx([1.0, 1.2])
+    assert figures["peak_rss_bytes"] == 130 and figures["buffer_copies"] == 2
+
+
+def test_periodic_step_time_spans_whole_rounds_so_the_round_end_wait_counts():
+    # tau=4: steps 1-3 take 1 s, the fourth (the round's last, with the wait) 3 s.
+    steps = [1.0, 1.0, 1.0, 3.0] * 4
+    rounds = [(0, 4, 2.0, 0.0), (4, 8, 2.0, 2.0), (8, 12, 2.0, 2.0), (12, 16, 2.0, 2.0)]
+    comm = {"exposed_seconds": 6.0, "hidden_fraction": 0.25}
+    figures = summarize([rank_result(steps, rounds, comm)] * 2, warmup=4, periodic=True)
+    assert figures["step_seconds"] == pytest.approx(6.0 / 4)
+    assert figures["exposed_seconds_per_step"] == pytest.approx(6.0 / 16)
+
+
+def test_a_partial_last_round_is_not_a_round_end():
+    result = {"rounds": [(0, 4), (4, 8), (8, 10)], "tau_history": [(0, 4)]}
+    assert round_ends(result) == [4, 8]
+
+
+def one_pass(bound: float, ssgd: float, cocod: float) -> dict:
+    methods = {"S-SGD": {"1": {"step_seconds": ssgd}}, "CoCoD": {"1": {"step_seconds": cocod}}}
+    for by_rate in methods.values():
+        f = by_rate["1"]
+        f["vs_bound"], f["vs_ssgd"] = f["step_seconds"] / bound, ssgd / f["step_seconds"]
+    return {"bound": {"step_seconds": bound, "tau_history": None}, "methods": methods}
+
+
+def test_ratios_are_formed_within_a_pass_then_medianed():
+    # The machine runs 2x slower in the second pass: a ratio of medians would mix the passes,
+    # the median of per-pass ratios does not.
+    passes = [one_pass(1.0, 3.0, 1.05), one_pass(2.0, 6.0, 2.1), one_pass(1.0, 3.0, 1.2)]
+    figures = combine(passes)
+    cocod = figures["methods"]["CoCoD"]["1"]
+    assert cocod["vs_bound"] == pytest.approx(1.05)
+    assert cocod["vs_bound_range"] == pytest.approx([1.05, 1.2])
+    assert cocod["vs_ssgd"] == pytest.approx(3.0 / 1.05)
+    assert cocod["step_seconds"] == pytest.approx(1.2)  # the median of 1.05, 2.1, 1.2
+    assert figures["bound"]["step_seconds"] == pytest.approx(1.0)
+    assert ratio(cocod, "vs_bound") == "1.05x (1.05-1.20)"
+
+
+def test_one_pass_has_no_range():
+    figures = combine([one_pass(1.0, 3.0, 1.5)])
+    cocod = figures["methods"]["CoCoD"]["1"]
+    assert "vs_bound_range" not in cocod
+    assert ratio(cocod, "vs_bound") == "1.50x" and ratio(cocod, "vs_ssgd") == "2.00x"
+    assert ratio({"vs_ssgd": None}, "vs_ssgd") == "n/a"
