@@ -10,8 +10,8 @@ A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto`
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,
 batch and number of steps. The bound is the same steps on single-process Trainers, one per
-worker, side by side, with no process group at all, measured before and after every run: a
-run's ratio is to the mean of the two bounds around it. Step time is the mean over whole rounds
+worker, side by side, with no process group at all, measured before the first run and after
+every run; ratios are to the median of those. Step time is the mean over whole rounds
 after a warm-up, so the waits at round boundaries count, of the slowest rank (a run is done
 when its last worker is). The strategy's own overhead is CoCoD on an unshaped link with a
 period longer than the run (no round completes) against the bound. With ``--repeats`` the table
@@ -28,7 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.compare import label, markdown_table, new_axes, run_method, save_plot, steady_step_seconds
+from lightning_cocod.compare import (
+    label,
+    markdown_table,
+    new_axes,
+    run_method,
+    save_plot,
+    steady_step_seconds,
+)
 from lightning_cocod.launch import format_rate, parse_rate
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
@@ -159,39 +166,44 @@ def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> N
 
 
 def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One pass: the bound, then each run (the overhead run, every method at every rate)
-    followed by the bound again. A run's ratio is to the mean of the two bounds around it, so a
-    machine whose speed drifts by minutes (this one does, by 10-40%) drifts out of the ratio."""
+    """One pass: the bound before the first run and again after every run (the overhead run,
+    every method at every rate); every ratio is to the median of the pass's bounds. Measured
+    once, the bound of this machine ranges over 1.2-1.8 s per step for ResNet18 within ten
+    minutes; interleaved and medianed, neither drift nor one slow run decides a ratio."""
     total, warmup = f"/{args.steps}", args.warmup
-    bounds: list[dict[str, Any]] = []
 
-    def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
-        if not bounds:
-            bounds.append(run_bound())
-        result = summarize(run_method(run_spec, args.workers, rate, out, total), warmup, periodic)
-        bounds.append(run_bound())
-        result["bound_seconds"] = (bounds[-2]["step_seconds"] + bounds[-1]["step_seconds"]) / 2
-        result["vs_bound"] = result["step_seconds"] / result["bound_seconds"]
-        return result
-
-    def run_bound() -> dict[str, Any]:
-        runs = run_method({**spec, "method": "bound"}, args.workers, None, out, total, suffix=f"-{len(bounds) + 1}")
+    def run_bound(index: int) -> dict[str, Any]:
+        runs = run_method({**spec, "method": "bound"}, args.workers, None, out, total, suffix=f"-{index}")
         return summarize(runs, warmup, False)
 
+    bounds = [run_bound(1)]
     figures: dict[str, Any] = {"methods": {}}
+    runs: list[dict[str, Any]] = []
+
+    def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
+        runs.append(summarize(run_method(run_spec, args.workers, rate, out, total), warmup, periodic))
+        bounds.append(run_bound(len(bounds) + 1))
+        return runs[-1]
+
     if not args.no_overhead:
         figures["overhead"] = run({**spec, "method": "cocod", "tau": args.steps + 1}, None, periodic=False)
     for rate, bps in zip(args.rate_list, args.rate_bps):
         for method in args.method_specs:
-            figures["methods"].setdefault(method_label(method), {})[str(bps)] = run({**spec, **method}, rate, method["method"] in PERIODIC)
-        ssgd = figures["methods"].get(label("ssgd"), {}).get(str(bps))
+            result = run({**spec, **method}, rate, method["method"] in PERIODIC)
+            figures["methods"].setdefault(method_label(method), {})[str(bps)] = result
+    bound_seconds = statistics.median(b["step_seconds"] for b in bounds)
+    for result in runs:
+        result["vs_bound"] = result["step_seconds"] / bound_seconds
+    for bps in map(str, args.rate_bps):
+        ssgd = figures["methods"].get(label("ssgd"), {}).get(bps)
         for by_rate in figures["methods"].values():
-            f = by_rate[str(bps)]
-            # Both against their own bounds: the speedup is drift-corrected too.
-            f["vs_ssgd"] = ssgd["vs_bound"] / f["vs_bound"] if ssgd else None
-    figures["bound"] = {**bounds[-1], "step_seconds": statistics.median(b["step_seconds"] for b in bounds)}
-    figures["bound"]["peak_rss_bytes"] = max(b["peak_rss_bytes"] for b in bounds)
-    figures["bound_runs"] = bounds
+            by_rate[bps]["vs_ssgd"] = ssgd["step_seconds"] / by_rate[bps]["step_seconds"] if ssgd else None
+    figures["bound"] = {
+        **bounds[0],
+        "step_seconds": bound_seconds,
+        "step_seconds_runs": [b["step_seconds"] for b in bounds],
+        "peak_rss_bytes": max(b["peak_rss_bytes"] for b in bounds),
+    }
     return figures
 
 
@@ -199,7 +211,7 @@ def combine(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """Median over passes of every figure; the spread of a ratio is kept as its range.
 
     On a shared machine speed drifts by more than the effects measured, so a ratio is formed
-    within a pass (method and bound minutes apart) and only then summarized across passes."""
+    within a pass (against that pass's bounds) and only then summarized across passes."""
 
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
         merged = dict(items[-1])
@@ -271,8 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     table = markdown_table(headers, rows)
     lines = [
-        f"bound (compute only): {bound['step_seconds']:.3f} s/step, peak RSS {bound['peak_rss_bytes'] / 2**20:.0f} MiB;"
-        f" model {bound['model_bytes'] / 1e6:.1f} MB",
+        (
+            f"bound (compute only): {bound['step_seconds']:.3f} s/step, peak RSS "
+            f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.1f} MB"
+        ),
     ]
     if "overhead" in figures:
         o = figures["overhead"]

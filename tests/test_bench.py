@@ -67,3 +67,32 @@ def test_one_pass_has_no_range():
     assert "vs_bound_range" not in cocod
     assert ratio(cocod, "vs_bound") == "1.50x" and ratio(cocod, "vs_ssgd") == "2.00x"
     assert ratio({"vs_ssgd": None}, "vs_ssgd") == "n/a"
+
+
+def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monkeypatch, tmp_path):
+    from lightning_cocod import bench
+
+    bound_steps = iter([1.0, 1.0, 3.0, 1.2])  # one slow outlier; the median (1.1) ignores it
+    calls = []
+
+    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix=""):
+        calls.append(spec["method"] + (f"-{spec['tau']}" if spec["method"] == "cocod" else ""))
+        if spec["method"] == "bound":
+            return [rank_result([next(bound_steps)] * 12)] * workers
+        if spec["method"] == "ssgd":
+            return [rank_result([3.3] * 12)] * workers
+        if spec["tau"] == 4:
+            rounds = [(k, k + 4, 1.0, 0.0) for k in range(0, 12, 4)]
+            return [rank_result([1.21] * 12, rounds, {"exposed_seconds": 0.0, "hidden_fraction": 1.0})] * workers
+        return [rank_result([1.1] * 12)] * workers  # the overhead run: no round completes
+
+    monkeypatch.setattr(bench, "run_method", fake_run_method)
+    args = bench.parse_args(["--methods", "ssgd,cocod", "--steps", "12", "--warmup", "4", "--rates", "300mbit"])
+    figures = bench.measure(args, {"tau": 4}, tmp_path)
+
+    assert calls == ["bound", "cocod-13", "bound", "ssgd", "bound", "cocod-4", "bound"]
+    assert figures["bound"]["step_seconds"] == pytest.approx(1.1)
+    assert figures["overhead"]["vs_bound"] == pytest.approx(1.0)
+    ssgd, cocod = (figures["methods"][name][str(300_000_000)] for name in ("S-SGD (Lightning DDP)", "CoCoD-SGD tau=4"))
+    assert ssgd["vs_bound"] == pytest.approx(3.0) and cocod["vs_bound"] == pytest.approx(1.1)
+    assert cocod["vs_ssgd"] == pytest.approx(3.3 / 1.21) and ssgd["vs_ssgd"] == pytest.approx(1.0)
