@@ -132,8 +132,8 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
 
 def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
     """Figures of one run. Its step time is its slowest rank's: a run is done when every worker
-    has taken its steps, and the cores of a shared machine differ in speed (10-15% between the
-    two side-by-side workers of one bound run here), so the bound is what the slowest worker
+    has taken its steps, and the cores of a shared machine differ in speed (up to 35% between
+    the two side-by-side workers of one bound run here), so the bound is what the slowest worker
     alone achieves. Communication figures are averaged over ranks; peak memory is the largest."""
     if periodic:
         steps = [steady_over_rounds(r, warmup) for r in results]
@@ -168,7 +168,7 @@ def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> N
 def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[str, Any]:
     """One pass: the bound before the first run and again after every run (the overhead run,
     every method at every rate); every ratio is to the median of the pass's bounds. Measured
-    once, the bound of this machine ranges over 1.2-1.8 s per step for ResNet18 within ten
+    once, the bound of this machine ranges over 1.2-2.0 s per step for ResNet18 within ten
     minutes; interleaved and medianed, neither drift nor one slow run decides a ratio."""
     total, warmup = f"/{args.steps}", args.warmup
 
