@@ -12,8 +12,8 @@ Each method runs through the real strategies and a real Lightning Trainer on the
 batch and number of steps. The bound is the same steps on single-process Trainers, one per
 worker, side by side, with no process group at all, measured before the first run and after
 every run; ratios are to the median of those. Step time is the mean over whole rounds
-after a warm-up, so the waits at round boundaries count, of the slowest rank (a run is done
-when its last worker is). The strategy's own overhead is CoCoD on an unshaped link with a
+after a warm-up, so the waits at round boundaries count, of the run's joint timeline: step k
+is done when the last worker has finished it. The strategy's own overhead is CoCoD on an unshaped link with a
 period longer than the run (no round completes) against the bound. With ``--repeats`` the table
 gives the median of each ratio over passes and its range.
 """
@@ -130,19 +130,29 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
     return (t[ends[-1] - 1] - t[ends[0] - 1]) / (ends[-1] - ends[0])
 
 
+def joint_timeline(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's own timeline: step k is done when every rank has finished it. The workers share
+    the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds."""
+    return {**results[0], "step_ends": [max(ends) for ends in zip(*(r["step_ends"] for r in results))]}
+
+
 def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
-    """Figures of one run. Its step time is its slowest rank's: a run is done when every worker
-    has taken its steps, and the cores of a shared machine differ in speed (up to 35% between
-    the two side-by-side workers of one bound run here), so the bound is what the slowest worker
-    alone achieves. Communication figures are averaged over ranks; peak memory is the largest."""
-    if periodic:
-        steps = [steady_over_rounds(r, warmup) for r in results]
-    else:
-        steps = [steady_step_seconds(r["step_ends"], warmup, 1) for r in results]
+    """Figures of one run. Its step time is the pace at which all its workers complete steps: a
+    run is done when its last worker is, and the cores of a shared machine differ in speed (up to
+    35% between the two side-by-side workers of one bound run here), so the bound is what the
+    slowest worker alone achieves. One rank's own pace would charge it, after the warm-up, for
+    the wait its peer's lag during the warm-up forces on it. Communication figures are averaged
+    over ranks; peak memory is the largest."""
+
+    def pace(result: dict[str, Any]) -> float:
+        if periodic:
+            return steady_over_rounds(result, warmup)
+        return steady_step_seconds(result["step_ends"], warmup, 1)
+
     comm = [r["comm"] for r in results if r.get("comm")]
     return {
-        "step_seconds": max(steps),
-        "step_seconds_per_rank": steps,
+        "step_seconds": pace(joint_timeline(results)),
+        "step_seconds_per_rank": [pace(r) for r in results],
         "exposed_seconds_per_step": (
             sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"]) if comm else None
         ),

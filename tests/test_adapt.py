@@ -31,13 +31,33 @@ def test_proportional_split_rejects_what_cannot_fit():
 
 
 def test_adaptive_period_hides_the_measured_communication():
-    period = AdaptivePeriod(tau_min=1, tau_max=64, initial=4, margin=1.2, smoothing=1.0)
+    period = AdaptivePeriod(tau_min=1, tau_max=64, initial=4, margin=1.2, smoothing=1.0, patience=1)
     assert period.tau == 4
     assert period.update(comm_seconds=2.4, step_seconds=0.68) == 5  # ceil(1.2 * 2.4 / 0.68) = ceil(4.24)
     assert period.update(comm_seconds=7.2, step_seconds=0.68) == 13  # 100 Mbit/s: ceil(12.7)
     assert period.update(comm_seconds=0.05, step_seconds=0.68) == 1
     assert period.update(comm_seconds=100.0, step_seconds=0.1) == 64  # clamped
     assert period.update(comm_seconds=1.0, step_seconds=0.0) == 64  # nothing measured: unchanged
+
+
+def test_adaptive_period_amortises_the_rounds_own_cost():
+    period = AdaptivePeriod(margin=1.2, overhead=0.02, smoothing=1.0, patience=1)
+    # A fast link hides in one step, but a 10 ms round over 0.1 s steps needs 5 steps to stay
+    # under 2%: ceil(0.01 / (0.02 * 0.1)).
+    assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.01) == 5
+    # The slower link asks for more: the larger of the two wins.
+    assert period.update(comm_seconds=1.0, step_seconds=0.1, round_seconds=0.01) == 12
+    assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.0) == 1
+
+
+def test_adaptive_period_grows_at_once_and_shrinks_after_patience():
+    period = AdaptivePeriod(initial=4, margin=1.0, smoothing=1.0, patience=2)
+    assert period.update(0.8, 0.1) == 8  # exposed communication: grow now
+    assert period.update(0.5, 0.1) == 8  # one round asks for 5: not yet
+    assert period.update(0.9, 0.1) == 9  # a larger ask resets the count
+    assert period.update(0.6, 0.1) == 9
+    assert period.update(0.7, 0.1) == 7  # two in a row: the larger of the two asks
+    assert period.shorter_asks == []
 
 
 def test_adaptive_period_smooths():
@@ -47,6 +67,10 @@ def test_adaptive_period_smooths():
 
 
 def test_bad_heterogeneous_input_is_named():
+    with pytest.raises(ValueError, match=r"overhead must be a share of the step time in \(0, 1\), got 2"):
+        AdaptivePeriod(overhead=2)
+    with pytest.raises(ValueError, match="patience must be a positive integer"):
+        AdaptivePeriod(patience=0)
     with pytest.raises(ValueError, match=r"tau_min=8 > tau_max=4"):
         CoCoDStrategy(tau="auto", tau_min=8, tau_max=4)
     with pytest.raises(ValueError, match="tau_min/tau_max bound tau='auto' only"):

@@ -24,6 +24,16 @@ def test_a_run_takes_as_long_as_its_slowest_rank():
     assert figures["peak_rss_bytes"] == 130 and figures["buffer_copies"] == 2
 
 
+def test_a_lag_from_the_warm_up_is_not_charged_to_the_steady_state():
+    # Rank 0 is slow during the 2 warm-up steps; rank 1 then waits 4 s for it at its third step.
+    # After the warm-up both finish every step together, 1 s apart: the run's pace is 1 s/step,
+    # although rank 1 alone spent 10 s on its last 6 steps.
+    lagging, waiting = rank_result([3, 3, 1, 1, 1, 1, 1, 1]), rank_result([1, 1, 5, 1, 1, 1, 1, 1])
+    figures = summarize([lagging, waiting], warmup=2, periodic=False)
+    assert figures["step_seconds"] == pytest.approx(1.0)
+    assert figures["step_seconds_per_rank"] == pytest.approx([1.0, 10 / 6])
+
+
 def test_periodic_step_time_spans_whole_rounds_so_the_round_end_wait_counts():
     # tau=4: steps 1-3 take 1 s, the fourth (the round's last, with the wait) 3 s.
     steps = [1.0, 1.0, 1.0, 3.0] * 4

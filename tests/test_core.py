@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from lightning_cocod.core import CoCoDRound, FlatBuffer, GradientPipeline, average_blocking
+from lightning_cocod.core import CoCoDRound, FlatBuffer, GradientPipeline, average_blocking, has_nonfinite
 from tests.helpers.fake_comm import FakeCluster
 
 
@@ -210,3 +210,22 @@ def test_comm_stats_counts_overlapping_collectives_once():
     assert abs(stats.exposed_seconds - 0.3) < 1e-12
     assert abs(stats.hidden_fraction - 0.9) < 1e-12
     assert stats.nbytes == 24 and stats.rounds[1].hidden_fraction == 1 - 0.2 / 1.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_has_nonfinite_agrees_with_an_elementwise_check(dtype):
+    finfo = torch.finfo(dtype)
+    cases = {
+        "finite": torch.linspace(-3, 3, 1000),
+        "nan": torch.tensor([1.0, float("nan"), 2.0]),
+        "inf": torch.tensor([1.0, float("inf")]),
+        "-inf": torch.tensor([float("-inf"), 0.0]),
+        "inf and -inf (sum is nan)": torch.tensor([float("inf"), float("-inf")]),
+        # Finite values whose sum overflows: must not be reported as non-finite.
+        "overflowing sum": torch.full((8,), finfo.max, dtype=dtype),
+        "empty": torch.empty(0),
+    }
+    for name, values in cases.items():
+        buckets = [torch.zeros(3, dtype=dtype), values.to(dtype), torch.arange(4)]  # an integer bucket too
+        expected = not all(bool(torch.isfinite(b).all()) for b in buckets)
+        assert has_nonfinite(buckets) == expected, name

@@ -6,8 +6,9 @@ from typing import Any
 
 from pytorch_lightning.strategies import DDPStrategy
 
-from lightning_cocod.strategies.base import NonFiniteError, RendezvousError, SyncStrategyBase, WorkerLostError
+from lightning_cocod.strategies.base import RendezvousError, SyncStrategyBase, WorkerLostError
 from lightning_cocod.strategies.cocod import CoCoDStrategy
+from lightning_cocod.strategies.health import NonFiniteError
 from lightning_cocod.strategies.local_sgd import LocalSGDStrategy
 from lightning_cocod.strategies.pipe_sgd import PipeSGDStrategy
 
@@ -29,6 +30,13 @@ def register_strategies(registry: Any) -> None:
 
 
 __all__ = [
+    "STRATEGIES",
+    "CoCoDStrategy",
+    "LocalSGDStrategy",
     "NonFiniteError",
+    "PipeSGDStrategy",
     "RendezvousError",
-    "WorkerLostError","CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "STRATEGIES", "SyncStrategyBase", "register_strategies"]
+    "SyncStrategyBase",
+    "WorkerLostError",
+    "register_strategies",
+]

@@ -42,6 +42,7 @@ from lightning_cocod.strategies.checkpointing import (
     rng_state,
     set_rng_state,
 )
+from lightning_cocod.strategies.health import NonFinitePolicy
 from lightning_cocod.strategies.logging import CommStatsLogger
 from lightning_cocod.strategies.rendezvous import init_loopback_group
 
@@ -52,10 +53,6 @@ _DEFAULT_TIMEOUT = timedelta(seconds=1800)
 
 # DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build.
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
-
-
-class NonFiniteError(FloatingPointError):
-    """A worker's model or gradients hold NaN or Inf; raised on every rank alike."""
 
 
 class WorkerLostError(RuntimeError):
@@ -76,7 +73,7 @@ def _local_sigterm_check(trainer: pl.Trainer) -> Callable[[], None]:
     return check
 
 
-class SyncStrategyBase(DDPStrategy):
+class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
     """Base of CoCoD-SGD, Local-SGD and Pipe-SGD. Not registered itself.
 
     Decisions (see the reference notes):
@@ -304,54 +301,6 @@ class SyncStrategyBase(DDPStrategy):
         assert self._comm is not None
         check = lambda buckets: self._agree_finite(has_nonfinite(buckets), what)  # noqa: E731
         return average_blocking(self._tensors, self._scratch_buffer(), self._comm, self.weight, check, swap)
-
-    # -- non-finite values: every rank learns which rank went bad, at the same point ----------
-
-    def _health_flags(self, bad: bool) -> Tensor:
-        flags = torch.zeros(self.world_size, dtype=torch.float64, device=self.root_device)
-        flags[self.global_rank] = float(bad)
-        return flags
-
-    def _agree_finite(self, bad: bool, what: str) -> None:
-        assert self._comm is not None
-        flags = self._health_flags(bad)
-        self._comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
-        if self._raise_if_nonfinite(flags, what):
-            # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
-            self._scratch_buffer().pack(self._tensors)
-
-    def _raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
-        """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
-        (the caller then drops the pending update)."""
-        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
-        if not bad:
-            return False
-        if self.on_nonfinite == "skip" and len(bad) < self.world_size:
-            self._recover_from(min(set(range(self.world_size)) - set(bad)), bad, what)
-            return True
-        raise NonFiniteError(
-            f"{type(self).__name__}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
-            f"optimizer step {self._steps} ({what}); stopped before they reached any other worker's "
-            "model, and no checkpoint was written from them"
-        )
-
-    def _recover_from(self, source: int, bad: list[int], what: str) -> None:
-        """Workers that went non-finite take the model of a healthy one and restart their optimizer
-        state (momentum would carry the NaN on); the healthy keep theirs."""
-        assert self._comm is not None
-        buffer = self._scratch_buffer()
-        buffer.pack(self._tensors)
-        self._comm.broadcast(buffer.buckets, source)
-        if self.global_rank in bad:
-            buffer.unpack(self._tensors)
-            for optimizer in self.optimizers:
-                optimizer.state.clear()
-        self.skipped.append((self._steps, bad))
-        if self.is_global_zero:
-            log.warning(
-                f"non-finite values on rank {bad} at optimizer step {self._steps} ({what}): update skipped, "
-                f"rank(s) {bad} restarted from rank {source}'s model (on_nonfinite='skip')"
-            )
 
     def _flat_buffers(self) -> list[FlatBuffer]:
         """Every flat buffer this strategy holds (its memory overhead, in model copies)."""

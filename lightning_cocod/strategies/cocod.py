@@ -41,8 +41,10 @@ class CoCoDStrategy(SyncStrategyBase):
 
     Args:
         tau: optimizer steps per round (the paper's k), or ``"auto"``: the smallest period that
-            hides the measured communication time, re-chosen every round from figures all
-            ranks agree on (they travel with the round's all-reduce); the first round uses 4.
+            hides the measured communication time and keeps the round's own cost (snapshot,
+            checks, merge) under 1% of its steps, re-chosen every round from figures all ranks
+            agree on (they travel with the next round's all-reduce, and a fit's first round, which pays
+            one-time costs, is not counted): the first three rounds use 4.
         tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and 64).
         average_buffers: round BatchNorm running statistics (floating-point buffers) with the
             parameters; integer buffers always stay local.
@@ -70,12 +72,15 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round: CoCoDRound | None = None
         self._launch_step = 0
         self._round_started = 0.0
-        # A tiny all-reduce rides behind the model's in every round: the sum over ranks of
-        # [last round's communication seconds, seconds per step, one non-finite flag per rank].
-        # Every rank thus agrees on the figures tau="auto" uses and on who holds NaN/Inf.
+        self._round_cost = 0.0
+        self._rounds_finished = 0
+        # A tiny all-reduce goes with the model's in every round: the sum over ranks of
+        # [last round's communication seconds, seconds per step, seconds of the round's own
+        # work, one non-finite flag per rank]. Every rank thus agrees on the figures tau="auto"
+        # uses and on who holds NaN/Inf.
         self._control: FlatBuffer | None = None
         self._control_handle: Handle | None = None
-        self._measured = (0.0, 0.0)
+        self._measured = (0.0, 0.0, 0.0)
         self.tau_history: list[tuple[int, int]] = []
 
     def _options(self) -> dict[str, Any]:
@@ -85,8 +90,9 @@ class CoCoDStrategy(SyncStrategyBase):
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
-        self._control = FlatBuffer([torch.zeros(2 + self.world_size, dtype=torch.float64, device=self.root_device)])
-        self._measured = (0.0, 0.0)
+        self._rounds_finished = 0
+        self._control = FlatBuffer([torch.zeros(3 + self.world_size, dtype=torch.float64, device=self.root_device)])
+        self._measured = (0.0, 0.0, 0.0)
         self.tau_history = [(0, self.tau)]
 
     def _flat_buffers(self) -> list[FlatBuffer]:
@@ -105,16 +111,18 @@ class CoCoDStrategy(SyncStrategyBase):
         assert self._round is not None and self._comm is not None
         if self._round.pending:
             return
+        beginning = time.perf_counter()
         self._round.weight = self.weight
         self._round.begin()
         self._launch_step = self._steps
-        self._round_started = time.perf_counter()
         assert self._control is not None
         control = self._control.buckets[0]
-        control[:2] = torch.tensor(self._measured, dtype=torch.float64)
+        control[:3] = torch.tensor(self._measured, dtype=torch.float64)
         # A non-finite snapshot is sent, but no rank merges a round whose flags are raised.
-        control[2:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
+        control[3:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
         self._control_handle = self._comm.start_mean(self._control.buckets, 1.0)
+        self._round_started = time.perf_counter()
+        self._round_cost = self._round_started - beginning
 
     def _after_step(self) -> None:
         if self._steps - self._launch_step >= self.tau:
@@ -127,36 +135,45 @@ class CoCoDStrategy(SyncStrategyBase):
         compute = time.perf_counter() - self._round_started
         assert self._control_handle is not None and self._control is not None
         waiting = time.perf_counter()
-        self._control_handle.wait()  # queued behind the model's: both have landed now
+        self._control_handle.wait()  # gloo may finish it before the model's (several threads)
         self._control_handle = None
         control = self._control.buckets[0].tolist()
         waited = time.perf_counter() - waiting
         where = f"in the snapshot of the round launched at step {self._launch_step}"
-        if self._raise_if_nonfinite(torch.tensor(control[2:]), where):
+        if self._raise_if_nonfinite(torch.tensor(control[3:]), where):
             self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
             return
+        merging = time.perf_counter()
         handle = self._round.finish()
+        # The merge's own time: waiting for the model's all-reduce is communication, not the
+        # round's work (on CUDA the wait is a stream dependency and the host barely blocks).
+        self._round_cost += max(0.0, time.perf_counter() - merging - handle.exposed_seconds)
         self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
         if self._adaptive is not None:
-            self._adapt_period(control[0] / self.world_size, control[1] / self.world_size)
-            self._measured = (handle.comm_seconds, compute / steps if steps else 0.0)
+            self._adapt_period(*(figure / self.world_size for figure in control[:3]))
+            # A fit's first round pays one-time costs (allocations, the group's first collective):
+            # zeros tell every rank's AdaptivePeriod to skip it.
+            timed = self._rounds_finished > 0 and steps > 0
+            self._measured = (handle.comm_seconds, compute / steps, self._round_cost) if timed else (0.0, 0.0, 0.0)
+        self._rounds_finished += 1
 
-    def _adapt_period(self, comm_seconds: float, step_seconds: float) -> None:
+    def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
         assert self._adaptive is not None
-        old, new = self.tau, self._adaptive.update(comm_seconds, step_seconds)
+        old, new = self.tau, self._adaptive.update(comm_seconds, step_seconds, round_seconds)
         if new != old:
             self.tau = new
             self.tau_history.append((self._steps, new))
             if self.is_global_zero:
                 log.info(
                     f"CoCoD tau {old} -> {new} at step {self._steps} "
-                    f"(communication {comm_seconds:.3f} s per round, {step_seconds:.3f} s per step)"
+                    f"(communication {comm_seconds:.3f} s and own work {round_seconds:.3f} s per round, "
+                    f"{step_seconds:.3f} s per step)"
                 )
 
     def _strategy_state(self) -> dict[str, Any]:
         state = {**super()._strategy_state(), "tau": self.tau, "tau_history": self.tau_history}
         if self._adaptive is not None:
-            state["adaptive"] = vars(self._adaptive).copy()
+            state["adaptive"] = {k: list(v) if isinstance(v, list) else v for k, v in vars(self._adaptive).items()}
             state["measured"] = self._measured
         return state
 
@@ -165,7 +182,8 @@ class CoCoDStrategy(SyncStrategyBase):
         if self._adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
             self.tau, self.tau_history = state["tau"], [tuple(e) for e in state["tau_history"]]
             vars(self._adaptive).update(state["adaptive"])
-            self._measured = tuple(state["measured"])
+            measured = tuple(state["measured"])
+            self._measured = measured + (0.0,) * (3 - len(measured))  # checkpoints older than the round's cost
 
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
