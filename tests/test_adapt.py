@@ -50,6 +50,13 @@ def test_adaptive_period_amortises_the_rounds_own_cost():
     assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.0) == 1
 
 
+def test_one_slow_round_does_not_raise_the_rounds_own_cost():
+    period = AdaptivePeriod(margin=1.2, overhead=0.01, smoothing=1.0, patience=1)
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 2
+    # A preempted round measures 20 ms of its own work: the period stays.
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.02) == 2
+
+
 def test_adaptive_period_grows_at_once_and_shrinks_after_patience():
     period = AdaptivePeriod(initial=4, margin=1.0, smoothing=1.0, patience=2)
     assert period.update(0.8, 0.1) == 8  # exposed communication: grow now

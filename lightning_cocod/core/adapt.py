@@ -73,7 +73,8 @@ class AdaptivePeriod:
     noise in the measurements does not flip it back and forth.
 
     ``update`` takes figures every rank agrees on (they are all-reduced with the round), so every
-    rank reaches the same period. Measurements are smoothed (exponential moving average).
+    rank reaches the same period. Communication and step times are smoothed (exponential moving
+    average); the round's own work is its least measured value.
 
     Args:
         tau_min, tau_max: bounds on the period.
@@ -128,7 +129,9 @@ class AdaptivePeriod:
             return self.tau  # nothing usable measured (e.g. an empty round)
         self.comm_seconds = self._smooth(self.comm_seconds, comm_seconds)
         self.step_seconds = self._smooth(self.step_seconds, step_seconds)
-        self.round_seconds = self._smooth(self.round_seconds, round_seconds)
+        # A round's own work is fixed work that interference (a preempted worker) only lengthens:
+        # its least measured value is the estimate, so one slow round does not raise the period.
+        self.round_seconds = round_seconds if self.round_seconds is None else min(self.round_seconds, round_seconds)
         needed = self.needed()
         if needed >= self.tau:
             self.tau, self.shorter_asks = needed, []

@@ -15,6 +15,10 @@ from lightning_cocod.strategies.base import SyncStrategyBase
 
 log = logging.getLogger(__name__)
 
+# The round's control all-reduce carries this many figures of the last round (communication
+# seconds, seconds per step, seconds of the round's own work), then one non-finite flag per rank.
+_FIGURES = 3
+
 
 def check_period(owner: str, tau: Any) -> int:
     # bool is an int subclass: tau=True would silently mean 1.
@@ -80,7 +84,7 @@ class CoCoDStrategy(SyncStrategyBase):
         # uses and on who holds NaN/Inf.
         self._control: FlatBuffer | None = None
         self._control_handle: Handle | None = None
-        self._measured = (0.0, 0.0, 0.0)
+        self._measured = (0.0,) * _FIGURES
         self.tau_history: list[tuple[int, int]] = []
 
     def _options(self) -> dict[str, Any]:
@@ -91,8 +95,8 @@ class CoCoDStrategy(SyncStrategyBase):
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
         self._rounds_finished = 0
-        self._control = FlatBuffer([torch.zeros(3 + self.world_size, dtype=torch.float64, device=self.root_device)])
-        self._measured = (0.0, 0.0, 0.0)
+        self._control = FlatBuffer([torch.zeros(_FIGURES + self.world_size, dtype=torch.float64, device=self.root_device)])
+        self._measured = (0.0,) * _FIGURES
         self.tau_history = [(0, self.tau)]
 
     def _flat_buffers(self) -> list[FlatBuffer]:
@@ -117,9 +121,9 @@ class CoCoDStrategy(SyncStrategyBase):
         self._launch_step = self._steps
         assert self._control is not None
         control = self._control.buckets[0]
-        control[:3] = torch.tensor(self._measured, dtype=torch.float64)
+        control[:_FIGURES] = torch.tensor(self._measured, dtype=torch.float64)
         # A non-finite snapshot is sent, but no rank merges a round whose flags are raised.
-        control[3:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
+        control[_FIGURES:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
         self._control_handle = self._comm.start_mean(self._control.buckets, 1.0)
         self._round_started = time.perf_counter()
         self._round_cost = self._round_started - beginning
@@ -140,7 +144,7 @@ class CoCoDStrategy(SyncStrategyBase):
         control = self._control.buckets[0].tolist()
         waited = time.perf_counter() - waiting
         where = f"in the snapshot of the round launched at step {self._launch_step}"
-        if self._raise_if_nonfinite(torch.tensor(control[3:]), where):
+        if self._raise_if_nonfinite(torch.tensor(control[_FIGURES:]), where):
             self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
             return
         merging = time.perf_counter()
@@ -150,11 +154,11 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round_cost += max(0.0, time.perf_counter() - merging - handle.exposed_seconds)
         self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
         if self._adaptive is not None:
-            self._adapt_period(*(figure / self.world_size for figure in control[:3]))
+            self._adapt_period(*(figure / self.world_size for figure in control[:_FIGURES]))
             # A fit's first round pays one-time costs (allocations, the group's first collective):
             # zeros tell every rank's AdaptivePeriod to skip it.
             timed = self._rounds_finished > 0 and steps > 0
-            self._measured = (handle.comm_seconds, compute / steps, self._round_cost) if timed else (0.0, 0.0, 0.0)
+            self._measured = (handle.comm_seconds, compute / steps, self._round_cost) if timed else (0.0,) * _FIGURES
         self._rounds_finished += 1
 
     def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
@@ -183,7 +187,7 @@ class CoCoDStrategy(SyncStrategyBase):
             self.tau, self.tau_history = state["tau"], [tuple(e) for e in state["tau_history"]]
             vars(self._adaptive).update(state["adaptive"])
             measured = tuple(state["measured"])
-            self._measured = measured + (0.0,) * (3 - len(measured))  # checkpoints older than the round's cost
+            self._measured = measured + (0.0,) * (_FIGURES - len(measured))  # checkpoints older than the round's cost
 
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
