@@ -14,8 +14,8 @@ worker, side by side, with no process group at all, measured before the first ru
 every run; ratios are to the median of those. Step time is the mean over whole rounds
 after a warm-up, so the waits at round boundaries count, of the run's joint timeline: step k
 is done when the last worker has finished it. The strategy's own overhead is CoCoD on an
-unshaped link with a period longer than the run (no round completes) against the bound. With ``--repeats`` the table
-gives the median of each ratio over passes and its range.
+unshaped link with a period longer than the run (no round completes) against the bound. With
+``--repeats`` the table gives the median of each ratio over passes and its range.
 """
 
 from __future__ import annotations

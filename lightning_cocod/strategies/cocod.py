@@ -47,8 +47,8 @@ class CoCoDStrategy(SyncStrategyBase):
         tau: optimizer steps per round (the paper's k), or ``"auto"``: the smallest period that
             hides the measured communication time and keeps the round's own cost (snapshot,
             checks, merge) under 1% of its steps, re-chosen every round from figures all ranks
-            agree on (they travel with the next round's all-reduce, and a fit's first round, which pays
-            one-time costs, is not counted): the first three rounds use 4.
+            agree on (they travel with the next round's all-reduce, and a fit's first round,
+            which pays one-time costs, is not counted): the first three rounds use 4.
         tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and 64).
         average_buffers: round BatchNorm running statistics (floating-point buffers) with the
             parameters; integer buffers always stay local.
