@@ -4,6 +4,11 @@
 ``Trainer`` and writes what the demo and the benchmark need: step end times, accuracy against
 wall time, the strategy's communication figures, peak memory. The method "bound" is the
 compute-only bound: the same steps on a single-process Trainer with no process group at all.
+
+``spec["accelerator"]`` is "cpu" (default: gloo) or "gpu": with a GPU per rank, rank i trains on
+cuda:i over NCCL; with fewer GPUs than ranks every rank shares cuda:0 over gloo on CUDA tensors
+(NCCL refuses two ranks on one device). The bound then runs on the same device(s). The result's
+``placement`` says which. ``precision`` and ``channels_last`` pass to the Trainer and the model.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.strategies import DDPStrategy
 
 from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
@@ -30,18 +36,72 @@ METHODS = ("bound", "ssgd", "local_sgd", "pipe_sgd", "cocod")
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
-def make_strategy(method: str, tau: int | str) -> Any:
+def make_strategy(method: str, tau: int | str, backend: str | None = None) -> Any:
+    """``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU)."""
+    options = {"process_group_backend": backend} if backend else {}
     if method == "bound":
         return "auto"
     if method == "ssgd":
-        return "ssgd"
+        return DDPStrategy(**options) if options else "ssgd"
     if method == "local_sgd":
-        return LocalSGDStrategy(tau=tau)
+        return LocalSGDStrategy(tau=tau, **options)
     if method == "pipe_sgd":
-        return PipeSGDStrategy()
+        return PipeSGDStrategy(**options)
     if method == "cocod":
-        return CoCoDStrategy(tau=tau)
+        return CoCoDStrategy(tau=tau, **options)
     raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+
+
+def placement(
+    accelerator: str, method: str, world_size: int, rank: int, gpus: int, one_device: bool = False
+) -> dict:
+    """Where one rank trains: the Trainer's device arguments, the environment they need, and a
+    record of the choice (``devices``, ``backend``, ``ranks_per_device``).
+
+    Ranks that share one device are each a "node" of one device (``num_nodes=world_size``,
+    ``NODE_RANK=rank``, ``LOCAL_RANK=0``): that is how Lightning's environment puts every rank on
+    device 0, where ``devices=world_size`` would ask for one device per rank. ``one_device``
+    forces that layout even with a device per rank (the 2-ranks-on-one-GPU comparison).
+    """
+    if accelerator not in ("cpu", "gpu"):
+        raise ValueError(f"accelerator={accelerator!r} is not understood; accepted: 'cpu', 'gpu'")
+    if accelerator == "gpu" and gpus < 1:
+        raise ValueError(
+            "accelerator='gpu' but torch sees no CUDA device; accepted: 'cpu', or 'gpu' on a machine with one"
+        )
+    distributed = method != "bound" and world_size > 1
+    shared = one_device or accelerator == "cpu" or gpus < world_size
+    if accelerator == "cpu":
+        devices = ["cpu"]
+    else:
+        devices = ["cuda:0"] if shared else [f"cuda:{r}" for r in range(world_size)]
+    record = {
+        "accelerator": accelerator,
+        "devices": devices,
+        "backend": ("gloo" if shared else "nccl") if distributed else None,
+        "ranks_per_device": world_size if distributed and shared else 1,
+    }
+    if not distributed:  # the bound: this rank alone, on the device it would train on
+        alone = [0 if shared else rank] if accelerator == "gpu" else 1
+        trainer = {"accelerator": accelerator, "devices": alone, "num_nodes": 1}
+        return {"trainer": trainer, "env": {}, "record": record}
+    if one_device or (shared and accelerator == "gpu"):
+        trainer = {"accelerator": accelerator, "devices": 1, "num_nodes": world_size}
+        return {"trainer": trainer, "env": {"LOCAL_RANK": "0", "NODE_RANK": str(rank)}, "record": record}
+    trainer = {"accelerator": accelerator, "devices": world_size, "num_nodes": 1}
+    return {"trainer": trainer, "env": {}, "record": record}
+
+
+def describe_placement(record: dict) -> str:
+    """One line for a benchmark's header, e.g. "2 ranks share cuda:0 (gloo on CUDA tensors)"."""
+    if record["accelerator"] == "cpu":
+        return "CPU workers (gloo)"
+    if record["ranks_per_device"] > 1:
+        return (
+            f"{record['ranks_per_device']} ranks share {record['devices'][0]} "
+            "(gloo on CUDA tensors: NCCL needs a GPU per rank)"
+        )
+    return f"one GPU per rank ({', '.join(record['devices'])}, NCCL)"
 
 
 def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
@@ -86,14 +146,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     method = spec["method"]
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    accelerator = spec.get("accelerator", "cpu")
+    gpus = torch.cuda.device_count() if accelerator == "gpu" else 0
+    where = placement(accelerator, method, world_size, rank, gpus, bool(spec.get("one_device", False)))
     if method == "bound":  # no process group: drop what would make Lightning join one
         for key in _DIST_ENV:
             os.environ.pop(key, None)
+    os.environ.update(where["env"])
     pl.seed_everything(spec["seed"], verbose=False)
     data = make_data(spec, 1 if method == "bound" else world_size)
     in_channels = 1 if spec["data"] == "digits" else 3
     net = build_model(spec["model"], 10, in_channels=in_channels, **spec.get("model_kwargs", {}))
-    model = ClassifierModule(net, lr=spec["lr"], momentum=0.9, weight_decay=spec.get("weight_decay", 5e-4), schedule="none")
+    model = ClassifierModule(
+        net, lr=spec["lr"], momentum=0.9, weight_decay=spec.get("weight_decay", 5e-4), schedule="none",
+        channels_last=bool(spec.get("channels_last", False)),
+    )
     timer = StepTimer()
     timeline = AccuracyTimeline(timer)
     callbacks: list[pl.Callback] = [timer, timeline]
@@ -108,11 +175,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         sampling = ProportionalSampling(global_batch_size=spec["batch_size"] * world_size)
         callbacks.append(sampling)
     evaluate = bool(spec.get("evaluate", False))
+    # On the CPU each strategy keeps its default backend (gloo), so those runs stay as they were.
+    backend = where["record"]["backend"] if accelerator == "gpu" else None
     trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1 if method == "bound" else world_size,
-        num_nodes=1,
-        strategy=make_strategy(method, spec.get("tau", 4)),
+        **where["trainer"],
+        strategy=make_strategy(method, spec.get("tau", 4), backend),
+        precision=spec.get("precision", "32-true"),
         max_steps=spec.get("steps") or -1,
         max_epochs=spec.get("epochs"),
         logger=False,
@@ -151,6 +219,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "buffer_bytes": buffer_bytes,  # most flat-buffer memory the strategy held at once
         "num_parameters": sum(p.numel() for p in net.parameters()),
         "tau_history": getattr(trainer.strategy, "tau_history", None),
+        "placement": where["record"],
         "batch_split_history": sampling.history if sampling is not None else None,
     }
 

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -5,6 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from lightning_cocod.core import FlatBuffer
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
 from lightning_cocod.models import VGG16, ClassifierModule, ResNet18, SmallCNN, build_model
 from lightning_cocod.models.classifier import param_groups
@@ -211,3 +213,70 @@ def test_small_cnn_learns_digits():
     (result,) = trainer.test(module, datamodule=datamodule, verbose=False)
     assert result["test/acc"] > 0.9
     assert math.isfinite(result["test/loss"])
+
+
+def test_channels_last_gives_the_same_function_and_nhwc_weights():
+    # float64: with a batch of 4, BatchNorm's backward amplifies float32 rounding (which differs
+    # between the two layouts' kernels) to 1e-3; in float64 any real difference would still show.
+    torch.manual_seed(0)
+    net = ResNet18(num_classes=10).double()
+    plain = ClassifierModule(copy.deepcopy(net))
+    nhwc = ClassifierModule(copy.deepcopy(net), channels_last=True)
+    assert nhwc.net.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not plain.net.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    x, y = torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.tensor([0, 3, 5, 9])
+    losses = []
+    for module in (plain, nhwc):
+        module.train()
+        loss = nn.functional.cross_entropy(module(x), y)
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=1e-12)
+    for (name, p), q in zip(plain.net.named_parameters(), nhwc.net.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=name)
+    # Running statistics saw the same batch in either layout.
+    torch.testing.assert_close(nhwc.net.bn1.running_mean, plain.net.bn1.running_mean)
+
+
+def test_flat_buffers_round_trip_channels_last_parameters_exactly():
+    module = ClassifierModule(ResNet18(num_classes=10), channels_last=True)
+    tensors = [p.detach() for p in module.parameters()]
+    assert any(t.dim() == 4 and not t.is_contiguous() for t in tensors)  # NHWC strides, not NCHW
+    original = [t.clone() for t in tensors]
+    flat = FlatBuffer(tensors)
+    flat.pack(tensors)
+    assert all(torch.equal(view, t) for view, t in zip(flat.views, original))
+    offset = 0
+    for t in original:  # the bucket holds each tensor in logical (NCHW) order
+        assert torch.equal(flat.buckets[0][offset : offset + t.numel()], t.reshape(-1))
+        offset += t.numel()
+    with torch.no_grad():
+        for t in tensors:
+            t.zero_()
+    flat.unpack(tensors)
+    assert all(torch.equal(t, o) for t, o in zip(tensors, original))
+    assert module.net.conv1.weight.is_contiguous(memory_format=torch.channels_last)  # storage kept
+
+
+def test_bf16_mixed_and_channels_last_train_a_conv_net():
+    pl.seed_everything(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 10)
+    )
+    module = ClassifierModule(net, lr=0.05, schedule="none", channels_last=True)
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer = single_cpu_trainer(
+        max_steps=4, precision="bf16-mixed", num_sanity_val_steps=0, limit_val_batches=0
+    )
+    trainer.fit(module, datamodule=synthetic())
+    after = list(module.parameters())
+    # The master weights stay float32 under autocast.
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in after)
+    assert all(not torch.equal(b, a) for b, a in zip(before, after))
+    assert math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    assert module.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_channels_last_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"channels_last='yes' is invalid; accepted: True or False"):
+        ClassifierModule(nn.Linear(4, 2), channels_last="yes")

@@ -3,12 +3,14 @@
 These run in ``on_after_batch_transfer``, i.e. on the training device on whole batches, so that a
 GPU is not left waiting on per-image CPU transforms. Randomness comes from torch's default
 generator of the tensor's device (seeded by ``pytorch_lightning.seed_everything``) unless a
-``generator`` on that device is given.
+``generator`` on that device is given. Nothing here makes the host wait for the device: random
+numbers are drawn there, and no value is read back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +36,20 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = Non
     n, _, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))
     offsets = torch.randint(0, 2 * padding + 1, (2, n), device=x.device, generator=generator)
-    rows = offsets[0, :, None] + torch.arange(h, device=x.device)  # N x H
-    cols = offsets[1, :, None] + torch.arange(w, device=x.device)  # N x W
-    batch = torch.arange(n, device=x.device)[:, None, None]
+    batch, row_steps, col_steps = _positions(x.device, n, h, w)
+    rows = offsets[0, :, None] + row_steps  # N x H
+    cols = offsets[1, :, None] + col_steps  # N x W
     # The advanced indices are split by the channel slice, so their broadcast shape (N, H, W) comes
     # first and channels last; permute back to N x C x H x W.
     out = padded[batch, :, rows[:, :, None], cols[:, None, :]]
     return out.permute(0, 3, 1, 2).contiguous()
+
+
+@lru_cache(maxsize=16)
+def _positions(device: torch.device, n: int, h: int, w: int) -> tuple[Tensor, Tensor, Tensor]:
+    # The same every step: made once per device and batch shape rather than launched each time.
+    batch = torch.arange(n, device=device)[:, None, None]
+    return batch, torch.arange(h, device=device), torch.arange(w, device=device)
 
 
 def normalize(x: Tensor, mean: Sequence[float] | Tensor, std: Sequence[float] | Tensor) -> Tensor:

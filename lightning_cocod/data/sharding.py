@@ -8,6 +8,10 @@ never reaches), and ranks may take different batch sizes (heterogeneous workers)
 
 Evaluation: rank ``i`` takes the contiguous block ``[i*N//W, (i+1)*N//W)`` with no padding, so every
 sample is scored exactly once; the blocks are cut into the same number of batches on every rank.
+
+With a ``device`` (a GPU holding the data) the index tensors live there: an epoch's order is drawn
+on the host, as everywhere (same seed, same order on every device), and copied over once, so a
+step's batch is a gather on the device with no host work or copy of its own.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class ShardedBatchSampler(Sampler[Tensor]):
         world_size: int = 1,
         seed: int = 0,
         shuffle: bool = True,
+        device: torch.device | str | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(
@@ -58,6 +63,7 @@ class ShardedBatchSampler(Sampler[Tensor]):
         self.per_rank_batch_sizes = check_batch_sizes(sizes, world_size)
         self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
         self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        self.device = torch.device(device) if device is not None else None
         self._skip_epoch, self._skip = -1, 0
 
     def skip_batches(self, epoch: int, batches: int) -> None:
@@ -89,21 +95,37 @@ class ShardedBatchSampler(Sampler[Tensor]):
         num_steps = self.num_samples // step
         steps = order[: num_steps * step].view(num_steps, step)
         skip = self._skip if self.epoch == self._skip_epoch else 0
-        return iter(steps[skip:, start : start + sizes[self.rank]])
+        return iter(to_device(steps[skip:, start : start + sizes[self.rank]].contiguous(), self.device))
 
 
-def eval_batches(num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list[Tensor]:
+def to_device(tensor: Tensor, device: torch.device | None) -> Tensor:
+    """``tensor`` on ``device`` (None: where it is), copied from pinned memory without a host sync."""
+    if device is None or tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def eval_batches(
+    num_samples: int,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | str | None = None,
+) -> list[Tensor]:
     """This rank's evaluation batches; equal in number across ranks unless a block has fewer samples
     than that number (only for tiny sets or batch size 1), in which case empty batches are dropped."""
     if batch_size < 1:
         raise ValueError(f"eval batch size must be a positive int, got {batch_size}")
     start, stop = rank * num_samples // world_size, (rank + 1) * num_samples // world_size
     num_batches = max(1, math.ceil(math.ceil(num_samples / world_size) / batch_size))
-    return [b for b in torch.arange(start, stop).tensor_split(num_batches) if len(b)]
+    return [b for b in torch.arange(start, stop, device=device).tensor_split(num_batches) if len(b)]
 
 
 class TensorLoader:
-    """Iterates ``tuple(t[idx] for t in tensors)`` for each index tensor of ``sampler``.
+    """Iterates ``tuple(t[idx] for t in tensors)`` for each index tensor of ``sampler``, gathered
+    where the tensors are (an index elsewhere is moved to them).
 
     Not a ``torch.utils.data.DataLoader`` on purpose: Lightning only re-wraps DataLoaders with a
     ``DistributedSampler``, so this loader works with the default ``use_distributed_sampler=True``.
@@ -134,4 +156,4 @@ class TensorLoader:
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         for idx in self.sampler:
-            yield tuple(t[idx] for t in self.tensors)
+            yield tuple(t.index_select(0, to_device(idx, t.device)) for t in self.tensors)

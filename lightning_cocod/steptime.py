@@ -1,0 +1,319 @@
+"""The product's training step against a bare PyTorch loop of the same model and batch.
+
+    python -m lightning_cocod.steptime --model resnet18 --batch-size 128 --steps 60 --accelerator gpu
+    python -m lightning_cocod.steptime --accelerator gpu --sync-report     # where the host waits on the GPU
+    python -m lightning_cocod.steptime --accelerator gpu --allreduce 2     # the model's all-reduce alone
+
+(a) the bare loop: the network, SGD with momentum, one batch already on the device, nothing else;
+(b) the product: ``ClassifierModule`` + ``SyntheticDataModule`` (gather, crop, flip, normalise on
+the device) through a single-process Lightning ``Trainer``. Both take ``--warmup`` steps first and
+time ``--steps`` steps with a device sync only at the two ends, so a host that runs ahead of the
+GPU is not charged for it and one that holds the GPU up is. ``--allreduce N`` times the all-reduce
+of one flat model-sized buffer among N ranks placed as the benchmark places them, the yardstick
+for the communication time a strategy reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lightning_cocod.models import MODEL_NAMES, build_model
+
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def device_for(accelerator: str, index: int = 0) -> torch.device:
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if accelerator != "gpu":
+        raise ValueError(f"accelerator={accelerator!r} is not understood; accepted: 'cpu', 'gpu'")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "accelerator='gpu' but torch sees no CUDA device; accepted: 'cpu', or 'gpu' on a machine with one"
+        )
+    return torch.device("cuda", index)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bare_loop_seconds(
+    model: str,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str = "32-true",
+    channels_last: bool = False,
+) -> float:
+    """Seconds per step of the plainest loop over the same network and batch."""
+    torch.manual_seed(0)
+    net = build_model(model, 10).to(device)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    net = net.to(memory_format=layout)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(batch_size, 3, 32, 32, device=device).contiguous(memory_format=layout)
+    y = torch.randint(0, 10, (batch_size,), device=device)
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if precision == "bf16-mixed"
+        else contextlib.nullcontext()
+    )
+
+    def step() -> None:
+        with autocast:
+            loss = F.cross_entropy(net(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - started) / steps
+
+
+def _window_timer(warmup: int, steps: int, device: torch.device, sync_report: bool) -> Any:
+    import pytorch_lightning as pl
+
+    class WindowTimer(pl.Callback):
+        """Times optimizer steps warmup+1 .. warmup+steps with a device sync at each end only; with
+        ``sync_report`` the warm-up's second half runs with CUDA's sync debugging on and every
+        synchronizing call is counted by the Python line that made it."""
+
+        def __init__(self) -> None:
+            self.started = self.ended = 0.0
+            self.syncs: Counter[str] = Counter()
+            self.reported_steps = 0
+            self._catcher: Any = None
+
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            if sync_report and device.type == "cuda" and trainer.global_step == warmup // 2 and warmup >= 2:
+                self._catcher = warnings.catch_warnings(record=True)
+                self._records = self._catcher.__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == warmup:
+                if self._catcher is not None:
+                    torch.cuda.set_sync_debug_mode(0)
+                    self._catcher.__exit__(None, None, None)
+                    self.reported_steps = warmup - warmup // 2
+                    for record in self._records:
+                        if "synchroniz" in str(record.message):
+                            self.syncs[f"{record.filename}:{record.lineno}"] += 1
+                    self._catcher = None
+                synchronize(device)
+                self.started = time.perf_counter()
+            elif trainer.global_step == warmup + steps:
+                synchronize(device)
+                self.ended = time.perf_counter()
+
+    return WindowTimer()
+
+
+def product_seconds(
+    model: str,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str = "32-true",
+    channels_last: bool = False,
+    sync_report: bool = False,
+) -> tuple[float, dict[str, Any]]:
+    """Seconds per step of the package's own pipeline, and the sync report (empty unless asked)."""
+    import pytorch_lightning as pl
+
+    from lightning_cocod.data import SyntheticDataModule
+    from lightning_cocod.models import ClassifierModule
+
+    pl.seed_everything(0, verbose=False)
+    total = warmup + steps
+    data = SyntheticDataModule(
+        num_samples=batch_size * (total + 1), batch_size=batch_size, num_eval_samples=batch_size
+    )
+    module = ClassifierModule(
+        build_model(model, 10), lr=0.05, momentum=0.9, schedule="none", channels_last=channels_last
+    )
+    timer = _window_timer(warmup, steps, device, sync_report)
+    trainer = pl.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=[device.index or 0] if device.type == "cuda" else 1,
+        max_steps=total,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+    )
+    trainer.fit(module, datamodule=data)
+    report = {}
+    if timer.reported_steps:
+        report = {
+            "steps": timer.reported_steps,
+            "syncs_per_step": sum(timer.syncs.values()) / timer.reported_steps,
+            "by_line": dict(timer.syncs.most_common(10)),
+        }
+    return (timer.ended - timer.started) / steps, report
+
+
+def allreduce_worker(spec_json: str) -> dict[str, Any]:
+    """One rank of ``--allreduce``: the strategies' collective (scale, then a SUM all-reduce of one
+    flat buffer of the model's size), launch to completion, on the benchmark's placement."""
+    import torch.distributed as dist
+
+    from lightning_cocod.worker import placement
+
+    spec = json.loads(spec_json)
+    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
+    record = placement(
+        spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)
+    )["record"]
+    device = (
+        torch.device("cpu")
+        if spec["accelerator"] == "cpu"
+        else device_for("gpu", 0 if record["ranks_per_device"] > 1 else rank)
+    )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(record["backend"] or "gloo", rank=rank, world_size=world_size)  # "or": one rank
+    try:
+        numel = sum(p.numel() for p in build_model(spec["model"], 10).parameters())
+        bucket = torch.randn(numel, device=device)
+        times = []
+        for i in range(spec["warmup"] + spec["repeats"]):
+            synchronize(device)
+            dist.barrier()
+            started = time.perf_counter()
+            bucket.mul_(1.0 / world_size)
+            dist.all_reduce(bucket, async_op=True).wait()
+            synchronize(device)
+            if i >= spec["warmup"]:
+                times.append(time.perf_counter() - started)
+    finally:
+        dist.destroy_process_group()
+    return {"rank": rank, "seconds": times, "placement": record, "bytes": numel * 4}
+
+
+def allreduce_seconds(model: str, workers: int, accelerator: str, repeats: int = 10) -> dict[str, Any]:
+    from lightning_cocod.launch import launch_workers
+
+    spec = {"model": model, "accelerator": accelerator, "warmup": 3, "repeats": repeats}
+    # By name: run as ``python -m``, this module is __main__, which a worker cannot import.
+    target = "lightning_cocod.steptime:allreduce_worker"
+    results = launch_workers(target, workers, None, [json.dumps(spec)], timeout_s=300)
+    per_call = [max(calls) for calls in zip(*(r["seconds"] for r in results))]  # done when the last rank is
+    return {
+        "median_seconds": statistics.median(per_call),
+        "seconds": per_call,
+        **{k: results[0][k] for k in ("placement", "bytes")},
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_cocod.steptime", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--model", default="resnet18", choices=MODEL_NAMES)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--precision", default="32-true", choices=PRECISIONS)
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument(
+        "--sync-report", action="store_true", help="count host syncs in the product's warm-up (CUDA)"
+    )
+    parser.add_argument(
+        "--allreduce", type=int, default=0, metavar="N", help="also time the all-reduce alone on N ranks"
+    )
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "steps", "warmup"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.allreduce == 1 or args.allreduce < 0:
+        parser.error(f"--allreduce needs at least 2 ranks, got {args.allreduce}")
+    try:
+        args.device = device_for(args.accelerator)
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device.type == "cpu":
+        torch.set_num_threads(1)  # the benchmark's workers run one thread each
+    options = dict(precision=args.precision, channels_last=args.channels_last)
+    where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU (1 thread)"
+    print(
+        f"steptime: {args.model}, batch {args.batch_size}, {args.steps} timed steps after {args.warmup}, "
+        f"{args.precision}{', channels_last' if args.channels_last else ''}, on {where}"
+    )
+    bare = bare_loop_seconds(args.model, args.batch_size, args.steps, args.warmup, args.device, **options)
+    print(f"bare PyTorch loop:  {1000 * bare:8.2f} ms/step")
+    product, report = product_seconds(
+        args.model,
+        args.batch_size,
+        args.steps,
+        args.warmup,
+        args.device,
+        sync_report=args.sync_report,
+        **options,
+    )
+    print(f"product (Trainer):  {1000 * product:8.2f} ms/step  = {product / bare:.2f}x the bare loop")
+    figures: dict[str, Any] = {
+        "args": {k: v for k, v in vars(args).items() if k != "device"},
+        "device": where,
+        "bare_seconds": bare,
+        "product_seconds": product,
+        "ratio": product / bare,
+        "sync_report": report,
+    }
+    if report:
+        print(
+            f"host syncs per product step (warm-up, {report['steps']} steps): {report['syncs_per_step']:.1f}"
+        )
+        for line, count in report["by_line"].items():
+            print(f"  {count:4d}  {line}")
+    if args.allreduce:
+        alone = allreduce_seconds(args.model, args.allreduce, args.accelerator)
+        figures["allreduce"] = alone
+        where, count = alone["placement"], len(alone["seconds"])
+        print(
+            f"all-reduce alone ({args.allreduce} ranks, {alone['bytes'] / 1e6:.1f} MB, {where['backend']} on "
+            f"{', '.join(where['devices'])}): {1000 * alone['median_seconds']:.1f} ms (median of {count})"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

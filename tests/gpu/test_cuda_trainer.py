@@ -1,0 +1,54 @@
+"""Two ranks sharing one GPU (gloo on CUDA tensors) through real Trainers, each method against
+the reference simulation of its rule in tests/helpers/toy.py (computed on the CPU)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_cocod.launch import launch_workers
+from tests.gpu.toy_worker import STEPS
+from tests.helpers import toy
+
+pytestmark = pytest.mark.timeout(300)
+
+WORLD = 2
+
+
+def references():
+    return {
+        "cocod_tau3": toy.reference_cocod(WORLD, STEPS, 3),
+        "cocod_tau1": toy.reference_cocod(WORLD, STEPS, 1),
+        "local_sgd": toy.reference_local_sgd(WORLD, STEPS, 4),
+        "pipe_sgd": toy.reference_pipe_sgd(WORLD, STEPS),
+        "ssgd": toy.reference_ssgd(WORLD, STEPS),
+    }
+
+
+def run_and_check(out_dir: Path, accelerator: str) -> None:
+    """Both ranks on one device of ``accelerator`` (the CPU run of this is in test_worker_placement)."""
+    script = str(Path(__file__).with_name("toy_worker.py"))
+    results = launch_workers(
+        script, WORLD, None, [out_dir, accelerator], timeout_s=280, output_dir=out_dir / "logs"
+    )
+    device = "cuda:0" if accelerator == "gpu" else "cpu"
+    for result in results:
+        assert result["placement"]["backend"] == "gloo" and result["placement"]["ranks_per_device"] == WORLD
+        assert set(result["devices"].values()) == {device}
+    for name, (trajectory, final) in references().items():
+        ranks = toy.read_ranks(out_dir / name, WORLD)
+        for r, record in enumerate(ranks):
+            got = torch.tensor(record["trajectory"], dtype=torch.float64)
+            want = torch.tensor([step[r] for step in trajectory], dtype=torch.float64)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-8, msg=f"{name}, rank {r}")
+            torch.testing.assert_close(
+                torch.tensor(record["final"]),
+                torch.tensor(final[r]),
+                rtol=0,
+                atol=1e-8,
+                msg=f"{name}, rank {r}",
+            )
+
+
+def test_two_ranks_on_one_gpu_follow_each_rule(tmp_path):
+    run_and_check(tmp_path, "gpu")

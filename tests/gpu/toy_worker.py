@@ -1,0 +1,56 @@
+"""One rank of tests/gpu/test_cuda_trainer.py: fits the toy regression with each method in turn,
+every rank on the same device (gloo on CUDA tensors on a GPU), as the benchmark places them.
+
+    python tests/gpu/toy_worker.py OUT_DIR ACCELERATOR     (started by launch_workers)
+"""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `tests.helpers`
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+
+from lightning_cocod.launch import write_result  # noqa: E402
+from lightning_cocod.worker import make_strategy, placement  # noqa: E402
+from tests.helpers import toy  # noqa: E402
+
+STEPS = 10
+RUNS = {
+    "cocod_tau3": ("cocod", 3),
+    "cocod_tau1": ("cocod", 1),
+    "local_sgd": ("local_sgd", 4),
+    "pipe_sgd": ("pipe_sgd", None),
+    "ssgd": ("ssgd", None),
+}
+
+
+def main(out_dir: str, accelerator: str) -> None:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    gpus = torch.cuda.device_count() if accelerator == "gpu" else 0
+    where = placement(accelerator, "cocod", world_size, rank, gpus, one_device=True)
+    os.environ.update(where["env"])
+    devices = {}
+    for name, (method, tau) in RUNS.items():
+        module = toy.ToyRegression(STEPS, str(Path(out_dir) / name))
+        trainer = pl.Trainer(
+            **where["trainer"],
+            strategy=make_strategy(method, tau, where["record"]["backend"]),
+            max_steps=STEPS,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            use_distributed_sampler=False,
+        )
+        trainer.fit(module)
+        devices[name] = str(trainer.strategy.root_device)
+    write_result({"rank": rank, "devices": devices, "placement": where["record"]})
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
