@@ -1,34 +1,50 @@
 """CoCoD-SGD and its baselines as PyTorch Lightning strategies.
 
-``import lightning_cocod`` registers the strategy names in ``pytorch_lightning``'s registry
-(not ``lightning.pytorch``'s, which is a different object), so that afterwards
-``Trainer(strategy="cocod")`` works; so do "local_sgd", "pipe_sgd" and "ssgd", each also with
-"_spawn", "_fork" (and "_notebook" for ours) launcher variants.
+``import lightning_cocod`` makes the names "cocod", "local_sgd", "pipe_sgd" and "ssgd" (each also
+with "_spawn", "_fork" and "_notebook" launcher variants) resolvable by ``Trainer(strategy=...)``
+of ``pytorch_lightning`` and of ``lightning.pytorch``, whichever is imported, before or after it.
+The classes: ``lightning_cocod.CoCoDStrategy`` & co. are ``pytorch_lightning`` strategies (also in
+``lightning_cocod.pl``); the ``lightning.pytorch`` ones are in ``lightning_cocod.lightning``.
+
+Importing the package imports no Lightning: the names above are loaded on first use.
 """
 
-from pytorch_lightning.strategies import StrategyRegistry as _StrategyRegistry
+from __future__ import annotations
 
-from lightning_cocod.strategies import (
-    CoCoDStrategy,
-    LocalSGDStrategy,
-    NonFiniteError,
-    PipeSGDStrategy,
-    RendezvousError,
-    SyncStrategyBase,
-    WorkerLostError,
-    register_strategies,
-)
+import importlib
+from typing import Any
 
-register_strategies(_StrategyRegistry)
+from lightning_cocod._registration import register_in_every_namespace
+
+register_in_every_namespace()
 
 __version__ = "0.1.0"
-__all__ = [
-    "CoCoDStrategy",
-    "LocalSGDStrategy",
-    "NonFiniteError",
-    "PipeSGDStrategy",
-    "RendezvousError",
-    "SyncStrategyBase",
-    "WorkerLostError",
-    "register_strategies",
+_LAZY = {
+    "CoCoDStrategy": "lightning_cocod.pl",
+    "LocalSGDStrategy": "lightning_cocod.pl",
+    "PipeSGDStrategy": "lightning_cocod.pl",
+    "SSGDStrategy": "lightning_cocod.pl",
+    "SyncStrategyBase": "lightning_cocod.strategies.base",
+    "NonFiniteError": "lightning_cocod.strategies.health",
+    "Preempted": "lightning_cocod.strategies.reliability",
+    "PREEMPTED_EXIT_CODE": "lightning_cocod.strategies.reliability",
+    "RendezvousError": "lightning_cocod.strategies.reliability",
+    "WorkerLostError": "lightning_cocod.strategies.reliability",
+    "CheckpointError": "lightning_cocod.strategies.checkpointing",
+}
+__all__ = [  # noqa: RUF022 - loaded lazily from _LAZY
+    "CheckpointError", "CoCoDStrategy", "LocalSGDStrategy", "NonFiniteError", "PREEMPTED_EXIT_CODE", "PipeSGDStrategy",
+    "Preempted", "RendezvousError", "SSGDStrategy", "SyncStrategyBase", "WorkerLostError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightning_cocod' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -84,13 +84,16 @@ class SlowLink(pl.Callback):
 
                 class DelayedHandle:
                     launched_at = handle.launched_at
-                    exposed_seconds = 0.0
+                    exposed_seconds = blocked_seconds = 0.0
 
                     def wait(self):
                         start = time.perf_counter()
                         real_wait()
                         time.sleep(max(0.0, handle.launched_at + seconds - time.perf_counter()))
-                        self.exposed_seconds = time.perf_counter() - start
+                        self.exposed_seconds = self.blocked_seconds = time.perf_counter() - start
+
+                    def figures_ready(self):
+                        return handle.figures_ready()
 
                     def is_completed(self):
                         return time.perf_counter() >= handle.launched_at + seconds

@@ -145,6 +145,6 @@ except Exception as err:
     assert proc.returncode == 1
     assert time.monotonic() - started < 60
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("RendezvousError: rank 1 could not reach the workers' rendezvous at 127.0.0.1:"), last
+    assert last.startswith("RendezvousError: rank 1 of 2 could not meet the others at 127.0.0.1:"), last
     assert "within 0:00:05" in last
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

@@ -164,3 +164,28 @@ def test_no_per_step_rendezvous_on_the_default_group(tmp_path, strategy_cls):
     # Lightning broadcasts a SIGTERM flag before every step; ours must not couple the workers so.
     fit(strategy_cls(start_method="fork"), tmp_path, callbacks=[CountDefaultGroupCollectives(tmp_path)])
     assert [int((tmp_path / f"collectives{r}.txt").read_text()) for r in range(WORLD)] == [0, 0]
+
+
+class FrozenBiasToy(toy.ToyRegression):
+    """The bias starts frozen and outside the optimizer; before step `unfreeze_at` it joins both."""
+
+    def __init__(self, steps, out_dir, unfreeze_at):
+        super().__init__(steps, out_dir)
+        self.unfreeze_at = unfreeze_at
+        self.net.bias.requires_grad_(False)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([self.net.weight], lr=toy.LR, momentum=toy.MOMENTUM, weight_decay=toy.WEIGHT_DECAY)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.trainer.global_step == self.unfreeze_at:
+            self.net.bias.requires_grad_(True)
+            self.trainer.optimizers[0].add_param_group({"params": [self.net.bias]})
+
+
+def test_a_layer_unfrozen_mid_fit_is_averaged_like_the_rest(tmp_path):
+    ranks = fit(CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path, module=FrozenBiasToy(STEPS, str(tmp_path), 3))
+    trajectory, final = toy.reference_cocod(WORLD, STEPS, TAU, unfreeze_bias_at=3)
+    assert trajectory[2][0][-2:] == trajectory[0][0][-2:]  # the bias really was frozen, then moved
+    assert_matches(ranks, trajectory, final)
+    assert ranks[0]["final"] == ranks[1]["final"]

@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
 
 import lightning_cocod
-from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy
 
 
 @pytest.mark.parametrize("cls", [CoCoDStrategy, LocalSGDStrategy])
@@ -39,7 +39,7 @@ def test_registered_names_resolve_to_fresh_instances():
         "cocod_fork": (CoCoDStrategy, "fork"), "cocod_notebook": (CoCoDStrategy, "fork"),
         "local_sgd": (LocalSGDStrategy, "popen"), "local_sgd_spawn": (LocalSGDStrategy, "spawn"),
         "pipe_sgd": (PipeSGDStrategy, "popen"), "pipe_sgd_fork": (PipeSGDStrategy, "fork"),
-        "ssgd": (DDPStrategy, "popen"), "ssgd_spawn": (DDPStrategy, "spawn"),
+        "ssgd": (SSGDStrategy, "popen"), "ssgd_spawn": (SSGDStrategy, "spawn"),
     }
     for name, (cls, start_method) in expected.items():
         strategy = pl.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False).strategy
@@ -52,9 +52,16 @@ def test_registered_names_resolve_to_fresh_instances():
     assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
 
 
+def test_ssgd_is_lightnings_ddp():
+    assert issubclass(SSGDStrategy, DDPStrategy)
+    strategy = SSGDStrategy(find_unused_parameters=True, timeout=30)
+    assert strategy._ddp_kwargs == {"find_unused_parameters": True}
+    assert strategy._timeout.total_seconds() == 30
+
+
 def test_registration_is_idempotent():
     importlib.reload(lightning_cocod)
-    lightning_cocod.register_strategies(StrategyRegistry)
+    lightning_cocod._registration.register_in_every_namespace()
     assert StrategyRegistry["cocod"]["strategy"] is lightning_cocod.CoCoDStrategy
 
 

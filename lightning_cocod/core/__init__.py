@@ -4,7 +4,13 @@ tests/test_core_is_pure.py enforces that nothing here imports Lightning, so the 
 used from any training loop and tested in milliseconds with a fake communicator.
 """
 
-from lightning_cocod.core.averaging import CoCoDRound, GradientPipeline, average_blocking, has_nonfinite
+from lightning_cocod.core.averaging import (
+    CoCoDRound,
+    FiniteCheck,
+    GradientPipeline,
+    average_blocking,
+    has_nonfinite,
+)
 from lightning_cocod.core.comm import CommunicationError, Communicator, Handle, TorchDistCommunicator
 from lightning_cocod.core.flat import FlatBuffer
 from lightning_cocod.core.stats import CommStats, RoundRecord
@@ -14,6 +20,7 @@ __all__ = [
     "CommStats",
     "CommunicationError",
     "Communicator",
+    "FiniteCheck",
     "FlatBuffer",
     "GradientPipeline",
     "Handle",

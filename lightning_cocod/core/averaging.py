@@ -96,20 +96,45 @@ def average_blocking(
     return handle
 
 
-def has_nonfinite(buckets: Sequence[Tensor]) -> bool:
-    """Whether any element is NaN or infinite: one sum per bucket and a single host sync.
+class FiniteCheck:
+    """Whether any element of ``buckets`` is NaN or infinite, asked now and read later.
 
-    A sum is NaN or infinite whenever an element is, and reading the bucket once is about 20x
-    cheaper than ``isfinite(b).all()``, which writes a mask as large as the model. Only when a sum
-    is not finite (which finite values can also cause, by overflowing) does the exact check run.
+    One sum per bucket: a sum is NaN or infinite whenever an element is, and reading a bucket
+    once is about 20x cheaper than ``isfinite(b).all()``, which writes a mask as large as the
+    model. Only when a sum is not finite (which finite values can also cause, by overflowing)
+    does the exact check run. On a GPU the sums travel to the host in the background, so
+    ``result`` read a step later never makes the host wait for the device; the buckets must not
+    change in between.
     """
-    floating = [b for b in buckets if b.is_floating_point() and b.numel()]
-    if not floating:
-        return False
-    sums = torch.stack([b.sum(dtype=torch.float64 if b.dtype == torch.float64 else torch.float32) for b in floating])
-    if bool(torch.isfinite(sums).all()):
-        return False
-    return not bool(torch.stack([torch.isfinite(b).all() for b in floating]).all())
+
+    def __init__(self, buckets: Sequence[Tensor]) -> None:
+        self.buckets = [b for b in buckets if b.is_floating_point() and b.numel()]
+        self._sums: Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+        if not self.buckets:
+            return
+        sums = torch.stack([b.sum(dtype=torch.float64 if b.dtype == torch.float64 else torch.float32) for b in self.buckets])
+        if sums.is_cuda:
+            self._sums = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+            self._sums.copy_(sums, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        else:
+            self._sums = sums
+
+    def result(self) -> bool:
+        if self._sums is None:
+            return False
+        if self._copied is not None:
+            self._copied.synchronize()
+        if bool(torch.isfinite(self._sums).all()):
+            return False
+        return not bool(torch.stack([torch.isfinite(b).all() for b in self.buckets]).all())
+
+
+def has_nonfinite(buckets: Sequence[Tensor]) -> bool:
+    """Whether any element is NaN or infinite (see ``FiniteCheck``), answered now."""
+    return FiniteCheck(buckets).result()
 
 
 class GradientPipeline:
@@ -153,10 +178,13 @@ class GradientPipeline:
             return launched, None
         previous.wait()
         incoming = self.buffers[self._flip]
-        for p in self.params:
+        # Only trainable parameters take a gradient: a zero .grad on a frozen one would still
+        # let weight decay and momentum move it.
+        trainable = [(p, view) for p, view in zip(self.params, incoming.views) if p.requires_grad]
+        for p, _ in trainable:
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-        torch._foreach_copy_([p.grad for p in self.params], incoming.views)
+        torch._foreach_copy_([p.grad for p, _ in trainable], [view for _, view in trainable])
         return launched, previous
 
     def drain(self) -> Handle | None:

@@ -70,3 +70,7 @@ class CommStats:
 
     def to_json(self) -> dict:
         return {"summary": self.summary(), "rounds": [asdict(r) for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CommStats:
+        return cls([RoundRecord(**r) for r in data["rounds"]])

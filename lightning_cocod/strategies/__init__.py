@@ -1,42 +1,52 @@
-"""The four methods under one API, and their registration in Lightning's StrategyRegistry."""
+"""The methods' logic (mixins over no Lightning class, see ``namespaces``) and their errors.
+
+``lightning_cocod.strategies.CoCoDStrategy`` & co. are the ``pytorch_lightning`` classes, loaded
+on first use (``lightning_cocod.pl``).
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from pytorch_lightning.strategies import DDPStrategy
-
-from lightning_cocod.strategies.base import RendezvousError, SyncStrategyBase, WorkerLostError
-from lightning_cocod.strategies.cocod import CoCoDStrategy
+from lightning_cocod.strategies.base import StrategyCommon, SyncStrategyBase
+from lightning_cocod.strategies.checkpointing import CheckpointError
+from lightning_cocod.strategies.cocod import CoCoDMethod
 from lightning_cocod.strategies.health import NonFiniteError
-from lightning_cocod.strategies.local_sgd import LocalSGDStrategy
-from lightning_cocod.strategies.pipe_sgd import PipeSGDStrategy
+from lightning_cocod.strategies.local_sgd import LocalSGDMethod
+from lightning_cocod.strategies.pipe_sgd import PipeSGDMethod
+from lightning_cocod.strategies.reliability import (
+    PREEMPTED_EXIT_CODE,
+    Preempted,
+    RendezvousError,
+    WorkerLostError,
+)
+from lightning_cocod.strategies.ssgd import SSGDMethod
 
-STRATEGIES: tuple[type[SyncStrategyBase], ...] = (CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy)
+_CLASSES = ("CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy")
 
 
-def register_strategies(registry: Any) -> None:
-    """Add our names to ``registry``; a name already there is left alone (re-imports, tests)."""
-    for cls in STRATEGIES:
-        cls.register_strategies(registry)
-    # S-SGD is Lightning's own DDP (bucketed gradient all-reduce overlapped with backward), the
-    # strongest honest synchronous baseline: only a name, so configs name the four methods alike.
-    for name, start_method in (("ssgd", "popen"), ("ssgd_spawn", "spawn"), ("ssgd_fork", "fork")):
-        if name not in registry:
-            registry.register(
-                name, DDPStrategy, description=f"S-SGD: Lightning's DDPStrategy (start_method '{start_method}')",
-                start_method=start_method,
-            )
+def __getattr__(name: str) -> Any:
+    if name in _CLASSES:
+        return getattr(importlib.import_module("lightning_cocod.pl"), name)
+    raise AttributeError(f"module 'lightning_cocod.strategies' has no attribute {name!r}")
 
 
 __all__ = [
-    "STRATEGIES",
+    "PREEMPTED_EXIT_CODE",
+    "CheckpointError",
+    "CoCoDMethod",
     "CoCoDStrategy",
+    "LocalSGDMethod",
     "LocalSGDStrategy",
     "NonFiniteError",
+    "PipeSGDMethod",
     "PipeSGDStrategy",
+    "Preempted",
     "RendezvousError",
+    "SSGDMethod",
+    "SSGDStrategy",
+    "StrategyCommon",
     "SyncStrategyBase",
     "WorkerLostError",
-    "register_strategies",
 ]

@@ -1,32 +1,32 @@
-"""What every strategy of ours shares: a DDPStrategy without the DDP wrapper.
+"""What CoCoD-SGD, Local-SGD and Pipe-SGD share: a DDPStrategy without the DDP wrapper.
 
 Each worker keeps its own model; a subclass decides what to communicate around each optimizer
 step (``_before_step`` / ``_after_step`` / ``_exchange``) and what is in flight (``_flush``).
-The base does the rest once: the initial broadcast, the dedicated process group, the
+The base does the rest once: the initial broadcast, the dedicated process groups, the
 consistency points (evaluation on the averaged model, a sync before a checkpoint, identical
 weights when fit ends), instrumentation, argument checks and registration.
+
+The classes here are mixins over no Lightning class: ``lightning_cocod.strategies.namespaces``
+puts them on top of the DDPStrategy of ``pytorch_lightning`` and, when installed, of
+``lightning.pytorch`` (two separate class hierarchies), so the logic exists once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import sys
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, ClassVar
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.overrides.distributed import _sync_module_states
-from pytorch_lightning.strategies import DDPStrategy
-from pytorch_lightning.trainer.states import TrainerFn
+import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
-from typing_extensions import override
 
 from lightning_cocod.core import (
     CommStats,
-    CommunicationError,
     Communicator,
     FlatBuffer,
     Handle,
@@ -35,49 +35,192 @@ from lightning_cocod.core import (
     has_nonfinite,
 )
 from lightning_cocod.core.comm import TorchDistCommunicator
-from lightning_cocod.strategies.checkpointing import (
-    STATE_KEY,
-    atomic_save,
-    gather_to_rank_zero,
-    rng_state,
-    set_rng_state,
-)
+from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero, rng_state, set_rng_state
 from lightning_cocod.strategies.health import NonFinitePolicy
-from lightning_cocod.strategies.logging import CommStatsLogger
-from lightning_cocod.strategies.rendezvous import init_loopback_group
+from lightning_cocod.strategies.reliability import (
+    ReliableStrategy,
+    RendezvousError,
+    first_line,
+    parse_timeout,
+)
+from lightning_cocod.strategies.rendezvous import init_default_group
 
 log = logging.getLogger(__name__)
 
-# torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
-_DEFAULT_TIMEOUT = timedelta(seconds=1800)
-
 # DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build.
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
-class WorkerLostError(RuntimeError):
-    """Our collective failed: another worker died or stalled, or the network broke."""
+def _no_per_step_sigterm_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM broadcast (see ``setup``)."""
 
 
-class RendezvousError(RuntimeError):
-    """The workers could not meet: the store was unreachable or the others never came."""
+def _interactive() -> bool:
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
-def _local_sigterm_check(trainer: pl.Trainer) -> Callable[[], None]:
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
-
-    def check() -> None:
-        if getattr(trainer, "received_sigterm", False):
-            raise SIGTERMException()
-
-    return check
+def registered_names(base_name: str) -> list[tuple[str, str]]:
+    """(name, start_method) of every variant a strategy is registered under."""
+    return [(base_name + suffix, method) for suffix, method in (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork"))]
 
 
-class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
+class StrategyCommon(ReliableStrategy):
+    """What all four of ours share, S-SGD included: options, signals, requests, checkpoint files,
+    registration. Mixed in before a DDPStrategy class."""
+
+    strategy_name: ClassVar[str] = ""
+    strategy_description: ClassVar[str] = ""
+
+    def _common_init(self, timeout: Any, start_method: str) -> dict[str, Any]:
+        name = type(self).__name__
+        if start_method not in _START_METHODS:
+            raise ValueError(f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}")
+        self._init_reliability()
+        return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
+
+    def setup_distributed(self) -> None:
+        self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
+        try:
+            self.set_world_ranks()
+            if self.world_size > 1 and self.cluster_environment is not None:
+                # Before Lightning's own set-up, which then finds the group initialised.
+                init_default_group(
+                    self.cluster_environment.main_address,
+                    self.cluster_environment.main_port,
+                    self.global_rank,
+                    self.world_size,
+                    self._get_process_group_backend(),
+                    self._timeout,
+                    self.root_device,
+                )
+            super().setup_distributed()  # type: ignore[misc]
+            self._create_groups()
+        except RendezvousError:
+            raise
+        except (RuntimeError, TimeoutError) as err:  # DistStoreError, DistNetworkError, ...
+            env = self.cluster_environment
+            where = f"{env.main_address}:{env.main_port}" if env is not None else "MASTER_ADDR:MASTER_PORT"
+            raise RendezvousError(
+                f"rank {self.global_rank} could not reach the workers' rendezvous at {where} within "
+                f"{self._timeout} ({first_line(err)}); check that rank 0 runs and that the address is reachable "
+                "from this node"
+            ) from None
+
+    def _create_groups(self) -> None:
+        """Our own process groups, once the default one exists (collective: same order on every rank)."""
+        self._setup_requests()
+
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)  # type: ignore[misc]
+        if trainer.state.fn == "fit":
+            self._patch_loops(trainer)
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()  # type: ignore[misc]
+        launcher = self._launcher  # type: ignore[attr-defined]
+        if launcher is None:  # torchrun, SLURM: the processes exist already
+            return
+        variants = f"strategy='{self.strategy_name}'" + ("" if self._start_method == "popen" else " (start_method 'popen')")
+        if self._start_method == "spawn" and getattr(multiprocessing.current_process(), "_inheriting", False):
+            raise RuntimeError(
+                f"{type(self).__name__}: start_method 'spawn' re-runs your script in every worker, and this script "
+                "builds the Trainer outside an `if __name__ == \"__main__\":` block; put it inside one, or use "
+                f"{variants}"
+            )
+        if _interactive() and not launcher.is_interactive_compatible:
+            raise RuntimeError(
+                f"{type(self).__name__} with start_method {self._start_method!r} cannot start workers from an "
+                f"interactive session (Jupyter, python -i): use strategy='{self.strategy_name}_notebook' (fork), or "
+                "run your code as a script"
+            )
+        if hasattr(launcher, "update_main_process_results"):
+            # spawn/fork: fit runs in child processes; rank 0's figures come back to this object.
+            launcher.get_extra_results = self._results_for_main_process
+            launcher.update_main_process_results = self._update_from_worker
+
+    def _results_for_main_process(self, trainer: Any) -> dict[str, Any]:
+        extra = type(self._launcher).get_extra_results(self._launcher, trainer)  # type: ignore[attr-defined]
+        extra[STATE_KEY] = self._worker_results()
+        return extra
+
+    def _update_from_worker(self, trainer: Any, extra: dict[str, Any]) -> None:
+        type(self._launcher).update_main_process_results(self._launcher, trainer, extra)  # type: ignore[attr-defined]
+        self._take_worker_results(extra.get(STATE_KEY, {}))
+
+    def _take_worker_results(self, results: dict[str, Any]) -> None:
+        for name, value in results.items():
+            setattr(self, name, value)
+
+    def _worker_results(self) -> dict[str, Any]:
+        """What a spawn/fork parent learns from rank 0 when fit ends (subclasses add theirs)."""
+        return {}
+
+    def _patch_loops(self, trainer: Any) -> None:
+        # Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before *every* training step. That is
+        # a per-step rendezvous of all workers, which re-couples what a round decouples and, on a
+        # slow link, queues behind a model all-reduce in flight; and it only hears rank 0's signal.
+        # Signals travel with the request flags instead (``ReliableStrategy``).
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_per_step_sigterm_broadcast
+
+    def on_train_start(self) -> None:
+        super().on_train_start()  # type: ignore[misc]
+        self._install_signal_handlers()  # after Lightning registered its own (they would replace ours)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
+        self._act_on_requests(self.lightning_module.trainer)
+
+    def on_exception(self, exception: BaseException) -> None:
+        # A peer may be gone: waiting on in-flight work could hang until the group timeout.
+        if self._requests is not None:
+            self._requests.abandon()
+        self._abandon_in_flight()
+        super().on_exception(exception)  # type: ignore[misc]
+
+    def _abandon_in_flight(self) -> None:
+        """Forget pending handles without waiting (subclasses holding handles override)."""
+
+    def on_train_end(self) -> None:
+        super().on_train_end()  # type: ignore[misc]
+        self._drain_requests()
+        # A checkpoint asked for in the last steps is still written; a stop is moot, fit is over.
+        self._act_on_requests(self.lightning_module.trainer, stopping_allowed=False)
+
+    def teardown(self) -> None:
+        self._restore_signal_handlers()
+        if self._requests is not None:
+            with contextlib.suppress(Exception):
+                self._drain_requests()
+            self._requests.comm.destroy()
+            self._requests = None
+        super().teardown()  # type: ignore[misc]
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        self._verify_before_load(checkpoint_path)
+        return super().load_checkpoint(checkpoint_path, weights_only)  # type: ignore[misc]
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        # Overridden so DDPStrategy's own names ("ddp", ...) are not registered again.
+        if not cls.strategy_name:
+            return
+        for name, start_method in registered_names(cls.strategy_name):
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name, cls, description=f"{cls.strategy_description} (start_method '{start_method}')",
+                    start_method=start_method,
+                )
+
+
+class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
     """Base of CoCoD-SGD, Local-SGD and Pipe-SGD. Not registered itself.
 
-    Decisions (see the reference notes):
+    Decisions:
     - momentum and all other optimizer state stay local to each worker;
+    - every floating-point parameter is averaged, trainable or frozen, so a layer unfrozen or
+      added to the optimizer mid-fit is averaged like the rest (frozen ones cost bandwidth, and
+      identical copies average to themselves up to rounding);
     - floating-point buffers (BatchNorm running stats) go through the same averaging as the
       parameters when ``average_buffers`` (integer buffers such as num_batches_tracked stay local);
     - validation and test see the average of the workers' models, then the live weights return,
@@ -89,21 +232,18 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
       dropped and the bad workers restart from a healthy worker's model.
     """
 
-    strategy_name: ClassVar[str] = ""
-    strategy_description: ClassVar[str] = ""
-
     def __init__(
         self,
         *,
         average_buffers: bool = True,
         on_nonfinite: str = "raise",
-        accelerator: pl.accelerators.Accelerator | None = None,
+        accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = _DEFAULT_TIMEOUT,
+        timeout: Any = None,
         start_method: str = "popen",
         **unsupported: Any,
     ) -> None:
@@ -120,19 +260,14 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
             raise ValueError(f"{name}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
         if not isinstance(average_buffers, bool):
             raise TypeError(f"{name}: average_buffers must be True or False, got {average_buffers!r}")
-        if start_method not in ("popen", "spawn", "fork", "forkserver"):
-            raise ValueError(
-                f"{name}: start_method={start_method!r} is not one of 'popen', 'spawn', 'fork', 'forkserver'"
-            )
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
+            **self._common_init(timeout, start_method),
         )
         self.average_buffers = average_buffers
         self.on_nonfinite = on_nonfinite
@@ -144,9 +279,22 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         self._comm: Communicator | None = None
         self._tensors: list[Tensor] = []
         self._scratch: FlatBuffer | None = None
-        self._steps = 0
         self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
+        self._logged_rounds = 0
+        self._unrecorded: list[tuple[Handle, int, int, int, float]] = []  # rounds whose figures are not read yet
+
+    def _worker_results(self) -> dict[str, Any]:
+        # Plain data: Lightning's launcher walks (and would try to move) whatever it sends back.
+        return {
+            "comm_stats": self.comm_stats.to_json(), "peak_buffer_bytes": self.peak_buffer_bytes,
+            "skipped": self.skipped, "weight": self.weight,
+        }
+
+    def _take_worker_results(self, results: dict[str, Any]) -> None:
+        super()._take_worker_results(results)
+        if "comm_stats" in results:
+            self.comm_stats = CommStats.from_json(results["comm_stats"])
 
     def _options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"average_buffers": self.average_buffers}
@@ -160,69 +308,32 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
 
     # -- set-up -------------------------------------------------------------------------
 
-    @override
-    def setup_distributed(self) -> None:
-        try:
-            self._init_groups()
-        except RendezvousError:
-            raise
-        except (RuntimeError, TimeoutError) as err:  # DistStoreError, DistNetworkError, ...
-            env = self.cluster_environment
-            where = f"{env.main_address}:{env.main_port}" if env is not None else "MASTER_ADDR:MASTER_PORT"
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RendezvousError(
-                f"rank {self.global_rank} could not reach the workers' rendezvous at {where} within "
-                f"{self._timeout} ({first}); check that rank 0 runs and that the address is reachable "
-                "from this node"
-            ) from None
-
-    def _init_groups(self) -> None:
-        if self.num_nodes == 1 and self.world_size > 1 and self.cluster_environment is not None:
-            # Done before Lightning's own set-up, which then finds the group initialised.
-            self.set_world_ranks()
-            init_loopback_group(
-                self.cluster_environment.main_address,
-                self.cluster_environment.main_port,
-                self.global_rank,
-                self.world_size,
-                self._get_process_group_backend(),
-                self._timeout or _DEFAULT_TIMEOUT,
-                self.root_device,
-            )
-        super().setup_distributed()
+    def _create_groups(self) -> None:
         if self.world_size > 1:
             self._comm = TorchDistCommunicator.on_new_group(
                 self.root_device, backend=self._process_group_backend, timeout=self._timeout
             )
+        super()._create_groups()
 
-    @override
-    def setup(self, trainer: pl.Trainer) -> None:
+    def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        if trainer.state.fn == TrainerFn.FITTING:
-            if len(self.optimizers) != 1:
-                raise ValueError(
-                    f"{type(self).__name__} supports exactly one optimizer, configure_optimizers returned "
-                    f"{len(self.optimizers)}: a round counts the steps of one optimizer"
-                )
-            if not any(isinstance(cb, CommStatsLogger) for cb in trainer.callbacks):
-                trainer.callbacks.insert(0, CommStatsLogger())
-            # Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before *every* training step
-            # (_TrainingEpochLoop._broadcast_sigterm_tensor). That is a per-step rendezvous of
-            # all workers, which re-couples what the round decouples (each step waits for the
-            # slowest worker) and, on a slow link, queues behind the model all-reduce in flight.
-            # Check the signal locally instead: a worker that got SIGTERM stops as Lightning
-            # would, and the others stop at their next collective (schedulers signal every task).
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _local_sigterm_check(trainer)
+        if trainer.state.fn == "fit" and len(self.optimizers) != 1:
+            raise ValueError(
+                f"{type(self).__name__} supports exactly one optimizer, configure_optimizers returned "
+                f"{len(self.optimizers)}: a round counts the steps of one optimizer"
+            )
 
-    @override
     def configure_ddp(self) -> None:
         # No DistributedDataParallel: no per-step gradient all-reduce. DDP's constructor is what
         # normally broadcasts rank 0's weights, so do that here.
-        assert isinstance(self.model, pl.LightningModule)
-        _sync_module_states(self.model)
+        if dist.is_available() and dist.is_initialized():
+            for tensor in self.lightning_module.state_dict().values():
+                dist.broadcast(tensor, src=0)
         self._tensors = self._model_tensors()
         self._steps = 0
         self.comm_stats = CommStats()
+        self._logged_rounds = 0
+        self._unrecorded = []
         if self._comm is not None:
             self._build(self._tensors)
         if self._restored is not None:
@@ -230,7 +341,7 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
 
     def _model_tensors(self) -> list[Tensor]:
         module = self.lightning_module
-        tensors = [p.detach() for p in module.parameters() if p.requires_grad]
+        tensors = [p.detach() for p in module.parameters() if p.is_floating_point()]
         if self.average_buffers:
             tensors += [b.detach() for b in module.buffers() if b.is_floating_point()]
         return tensors
@@ -240,16 +351,18 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
 
     # -- the step -----------------------------------------------------------------------
 
-    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
         closure: Callable[[], Any],
-        model: pl.LightningModule | torch.nn.Module | None = None,
+        model: Any = None,
         **kwargs: Any,
     ) -> Any:
         if self._comm is None:  # one worker: plain local SGD, nothing to talk to
-            return super().optimizer_step(optimizer, closure, model, **kwargs)
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
+            self._steps += 1
+            self._exchange_requests()
+            return output
         with torch.no_grad(), self._collective("launching a round"):
             self._before_step()
 
@@ -259,22 +372,12 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
                 self._exchange()
             return result
 
-        output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)
+        output = super().optimizer_step(optimizer, closure_then_exchange, model, **kwargs)  # type: ignore[misc]
         self._steps += 1
         with torch.no_grad(), self._collective("finishing a round"):
             self._after_step()
+        self._exchange_requests()
         return output
-
-    @contextlib.contextmanager
-    def _collective(self, what: str) -> Any:
-        try:
-            yield
-        except CommunicationError as err:
-            raise WorkerLostError(
-                f"{type(self).__name__}, rank {self.global_rank}, optimizer step {self._steps}, {what}: {err}. "
-                f"Collectives time out after {self._timeout} (the strategy's `timeout`); resume from the "
-                "last checkpoint with trainer.fit(..., ckpt_path=...)"
-            ) from err
 
     def _before_step(self) -> None:
         """Before forward/backward of an optimizer step."""
@@ -288,6 +391,33 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
     def _flush(self) -> None:
         """Finish whatever is in flight so the weights are this algorithm's current state."""
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._log_rounds()
+        super().on_train_batch_start(batch, batch_idx)
+
+    def _log_rounds(self) -> None:
+        """The last finished round's figures, straight to the loggers at their cadence (floats: a
+        ``LightningModule.log`` of a float would make a device tensor, a host sync on a GPU)."""
+        trainer = self.lightning_module.trainer
+        rounds = self.comm_stats.rounds
+        if self.global_rank != 0 or not trainer.loggers or len(rounds) == self._logged_rounds:
+            return
+        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
+            return
+        self._logged_rounds = len(rounds)
+        last = rounds[-1]
+        figures = {
+            "comm/round_seconds": last.comm_seconds,
+            "comm/exposed_seconds": last.exposed_seconds,
+            "comm/bytes": float(last.nbytes),
+            "comm/hidden_fraction": last.hidden_fraction,
+            "comm/hidden_fraction_total": self.comm_stats.hidden_fraction,
+        }
+        if hasattr(self, "tau"):
+            figures["comm/tau"] = float(self.tau)
+        for logger in trainer.loggers:
+            logger.log_metrics(figures, step=trainer.global_step)
+
     # -- helpers for subclasses ----------------------------------------------------------
 
     def _scratch_buffer(self) -> FlatBuffer:
@@ -299,7 +429,7 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         """Blocking weighted average of the model tensors on every rank (see average_blocking);
         a worker with non-finite values stops everyone before anything is sent."""
         assert self._comm is not None
-        check = lambda buckets: self._agree_finite(has_nonfinite(buckets), what)  # noqa: E731
+        check = lambda buckets: self._agree_finite(has_nonfinite(buckets), what)
         return average_blocking(self._tensors, self._scratch_buffer(), self._comm, self.weight, check, swap)
 
     def _flat_buffers(self) -> list[FlatBuffer]:
@@ -312,12 +442,20 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
 
     def _record(self, handle: Handle, launch_step: int, nbytes: int, also_waited: float = 0.0) -> None:
         """``also_waited``: time blocked on other collectives of the round before this handle's
-        wait (it is exposed communication just the same)."""
+        wait (it is exposed communication just the same). On a GPU a round's figures come from
+        events the device may not have reached yet: they are read once ready (a round later, or
+        at the next synchronisation point), never by making the host wait."""
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
-        exposed = handle.exposed_seconds + also_waited
-        self.comm_stats.add(
-            RoundRecord(launch_step, self._steps, handle.comm_seconds, exposed, nbytes, handle.launched_at)
-        )
+        self._unrecorded.append((handle, launch_step, self._steps, nbytes, also_waited))
+        self._record_ready()
+
+    def _record_ready(self, force: bool = False) -> None:
+        while self._unrecorded and (force or self._unrecorded[0][0].figures_ready()):
+            handle, launch_step, finish_step, nbytes, also_waited = self._unrecorded.pop(0)
+            exposed = handle.exposed_seconds + also_waited
+            self.comm_stats.add(
+                RoundRecord(launch_step, finish_step, handle.comm_seconds, exposed, nbytes, handle.launched_at)
+            )
 
     # -- consistency points ----------------------------------------------------------------
 
@@ -328,19 +466,18 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         with torch.no_grad(), self._collective("synchronising the workers"):
             self._flush()
             self._average_now("synchronisation point")
+        self._record_ready(force=True)
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
 
-    @override
     def on_train_end(self) -> None:
-        super().on_train_end()
         self._sync_point()
+        super().on_train_end()
 
-    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         # Runs on every rank inside dump_checkpoint, before the file is written: the right
         # moment to make the weights consistent (save_checkpoint would be too late).
         self._sync_point()
-        return super().lightning_module_state_dict()
+        return super().lightning_module_state_dict()  # type: ignore[misc]
 
     def _park_and_average(self) -> None:
         if self._comm is None:
@@ -358,24 +495,20 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
                 self._parked_in.swap(self._tensors)
             self._parked_in = None
 
-    @override
     def on_validation_start(self) -> None:
-        super().on_validation_start()
+        super().on_validation_start()  # type: ignore[misc]
         self._park_and_average()
 
-    @override
     def on_validation_end(self) -> None:
-        super().on_validation_end()
+        super().on_validation_end()  # type: ignore[misc]
         self._unpark()
 
-    @override
     def on_test_start(self) -> None:
-        super().on_test_start()
+        super().on_test_start()  # type: ignore[misc]
         self._park_and_average()
 
-    @override
     def on_test_end(self) -> None:
-        super().on_test_end()
+        super().on_test_end()  # type: ignore[misc]
         self._unpark()
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -393,22 +526,19 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         self._steps = state["steps"]
         self.weight = state["weight"]
 
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         # Called on every rank (after lightning_module_state_dict made the weights agree).
         local = {"optimizer_states": [self.optimizer_state(o) for o in self.optimizers], "rng": rng_state()}
-        ranks = gather_to_rank_zero(local, self.world_size)
-        if self.is_global_zero:
+        with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
+            ranks = gather_to_rank_zero(local, self.world_size)
+        if self.global_rank == 0:
             checkpoint[STATE_KEY] = {
                 "strategy": self._strategy_state(),
                 "world_size": self.world_size,
                 "ranks": ranks,
             }
-            atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
+        self._write_checkpoint(checkpoint, filepath, storage_options)
 
-    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
         state = checkpoint.get(STATE_KEY)
@@ -418,14 +548,13 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         if state["world_size"] == self.world_size:
             mine = state["ranks"][self.global_rank]
             checkpoint["optimizer_states"] = mine["optimizer_states"]
-        elif self.is_global_zero:
+        elif self.global_rank == 0:
             log.warning(
                 f"resuming a {state['world_size']}-worker checkpoint on {self.world_size} workers: every "
                 "worker starts from rank 0's optimizer state (momentum), so the run will not be reproduced exactly"
             )
         return checkpoint
 
-    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         if self._restored is not None and self._restored["world_size"] == self.world_size:
@@ -434,21 +563,12 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
 
     # -- teardown ------------------------------------------------------------------------
 
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        # A peer may be gone: waiting on in-flight work could hang until the group timeout.
-        self._abandon_in_flight()
-        super().on_exception(exception)
-
-    def _abandon_in_flight(self) -> None:
-        """Forget pending handles without waiting (subclasses holding handles override)."""
-
-    @override
     def teardown(self) -> None:
         self._unpark()
         if self._comm is not None:
             with contextlib.suppress(Exception):
                 self._flush()
+                self._record_ready(force=True)
             self._comm.destroy()
             self._comm = None
         # Teardown moves the model to the CPU, which rebinds every parameter's storage: the
@@ -456,22 +576,3 @@ class SyncStrategyBase(NonFinitePolicy, DDPStrategy):
         self._scratch = None
         self._tensors = []
         super().teardown()
-
-    # -- registration ----------------------------------------------------------------------
-
-    @classmethod
-    @override
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        # Overridden so DDPStrategy's own names ("ddp", ...) are not registered again.
-        if not cls.strategy_name:
-            return
-        for suffix, start_method in (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork")):
-            name = cls.strategy_name + suffix
-            if name not in strategy_registry:
-                strategy_registry.register(
-                    name,
-                    cls,
-                    description=f"{cls.strategy_description} (start_method '{start_method}')",
-                    start_method=start_method,
-                )
-

@@ -9,15 +9,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_cocod.core import CoCoDRound, FlatBuffer, Handle, has_nonfinite
+from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
 from lightning_cocod.core.adapt import AdaptivePeriod
 from lightning_cocod.strategies.base import SyncStrategyBase
 
 log = logging.getLogger(__name__)
 
-# The round's control all-reduce carries this many figures of the last round (communication
-# seconds, seconds per step, seconds of the round's own work), then one non-finite flag per rank.
+# The round's control all-reduce carries the figures of an earlier round (communication seconds,
+# seconds per step, seconds of the round's own work), how many ranks sent figures, then one
+# non-finite flag per rank.
 _FIGURES = 3
+_COUNT = _FIGURES
+_FLAGS = _FIGURES + 1
 
 
 def check_period(owner: str, tau: Any) -> int:
@@ -27,7 +30,7 @@ def check_period(owner: str, tau: Any) -> int:
     return tau
 
 
-class CoCoDStrategy(SyncStrategyBase):
+class CoCoDMethod(SyncStrategyBase):
     """Computation and communication decoupled SGD (Shen et al., IJCAI 2019, arXiv:1906.12043).
 
     Every ``tau`` optimizer steps a round ends and the next begins. At the start of a round each
@@ -40,8 +43,7 @@ class CoCoDStrategy(SyncStrategyBase):
     The merge happens in ``optimizer_step`` rather than in a callback: it has to happen exactly
     once per optimizer step (not per batch: gradient accumulation, manual optimization), before
     any checkpoint callback dumps the weights, and under the same object that owns the
-    in-flight handle and the process group. Communication figures are logged by a callback the
-    strategy installs (``CommStatsLogger``).
+    in-flight handle and the process group. Communication figures go to the Trainer's loggers.
 
     Args:
         tau: optimizer steps per round (the paper's k), or ``"auto"``: the smallest period that
@@ -62,7 +64,7 @@ class CoCoDStrategy(SyncStrategyBase):
         self._adaptive: AdaptivePeriod | None = None
         if tau == "auto":
             try:
-                self._adaptive = AdaptivePeriod(tau_min or 1, tau_max or 64)
+                self._adaptive = AdaptivePeriod(1 if tau_min is None else tau_min, 64 if tau_max is None else tau_max)
             except ValueError as err:
                 raise ValueError(f"{owner}: {err}") from None
             self.tau = self._adaptive.tau
@@ -78,14 +80,22 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round_started = 0.0
         self._round_cost = 0.0
         self._rounds_finished = 0
-        # A tiny all-reduce goes with the model's in every round: the sum over ranks of
-        # [last round's communication seconds, seconds per step, seconds of the round's own
-        # work, one non-finite flag per rank]. Every rank thus agrees on the figures tau="auto"
-        # uses and on who holds NaN/Inf.
-        self._control: FlatBuffer | None = None
+        # A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that
+        # reading it never waits on a GPU: the sum over ranks of [an earlier round's
+        # communication seconds, seconds per step, seconds of the round's own work; the number
+        # of ranks that sent figures; one non-finite flag per rank]. Every rank thus agrees on
+        # the figures tau="auto" uses and on who holds NaN/Inf.
+        self._control: Tensor | None = None
         self._control_handle: Handle | None = None
-        self._measured = (0.0,) * _FIGURES
+        self._snapshot_check: FiniteCheck | None = None
+        # The last timed round: its handle (communication time, once readable), seconds per
+        # step, seconds of own work. Figures carried over from a checkpoint until then.
+        self._timing: tuple[Handle, float, float] | None = None
+        self._measured: tuple[float, ...] | None = None
         self.tau_history: list[tuple[int, int]] = []
+
+    def _worker_results(self) -> dict[str, Any]:
+        return {**super()._worker_results(), "tau": self.tau, "tau_history": self.tau_history}
 
     def _options(self) -> dict[str, Any]:
         tau: Any = "auto" if self._adaptive else self.tau
@@ -95,8 +105,8 @@ class CoCoDStrategy(SyncStrategyBase):
         assert self._comm is not None
         self._round = CoCoDRound(tensors, self._comm, self.weight)
         self._rounds_finished = 0
-        self._control = FlatBuffer([torch.zeros(_FIGURES + self.world_size, dtype=torch.float64, device=self.root_device)])
-        self._measured = (0.0,) * _FIGURES
+        self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
+        self._timing, self._measured = None, None
         self.tau_history = [(0, self.tau)]
 
     def _flat_buffers(self) -> list[FlatBuffer]:
@@ -119,46 +129,68 @@ class CoCoDStrategy(SyncStrategyBase):
         self._round.weight = self.weight
         self._round.begin()
         self._launch_step = self._steps
-        assert self._control is not None
-        control = self._control.buckets[0]
-        control[:_FIGURES] = torch.tensor(self._measured, dtype=torch.float64)
-        # A non-finite snapshot is sent, but no rank merges a round whose flags are raised.
-        control[_FIGURES:] = self._health_flags(has_nonfinite(self._round.snapshot.buckets))
-        self._control_handle = self._comm.start_mean(self._control.buckets, 1.0)
+        self._snapshot_check = FiniteCheck(self._round.snapshot.buckets)
         self._round_started = time.perf_counter()
         self._round_cost = self._round_started - beginning
 
     def _after_step(self) -> None:
+        if self._round is not None and self._round.pending and self._control_handle is None:
+            self._launch_control()
         if self._steps - self._launch_step >= self.tau:
             self._flush()
+
+    def _request_lag(self) -> int:
+        return self.tau  # no tighter than the round itself couples the workers
+
+    def _launch_control(self) -> None:
+        """One step into the round: by now the snapshot's finite check and an earlier round's
+        figures have reached the host, so nothing here waits on a GPU. A non-finite snapshot was
+        sent already, but no rank merges a round whose flags are raised."""
+        started = time.perf_counter()
+        assert self._control is not None and self._snapshot_check is not None
+        self._control[:_FLAGS] = torch.tensor(self._figures_to_send(), dtype=torch.float64)
+        self._control[_FLAGS:] = self._health_flags(self._snapshot_check.result(), device=self._control.device)
+        comm = self._requests.comm if self._requests is not None else self._comm
+        assert comm is not None
+        self._control_handle = comm.start_mean([self._control], 1.0)
+        self._round_cost += time.perf_counter() - started
+
+    def _figures_to_send(self) -> tuple[float, ...]:
+        if self._timing is not None and self._timing[0].figures_ready():
+            handle, step_seconds, round_seconds = self._timing
+            self._measured = (handle.comm_seconds, step_seconds, round_seconds)
+        return (*self._measured, 1.0) if self._measured is not None else (0.0,) * (_FIGURES + 1)
 
     def _flush(self) -> None:
         if self._round is None or not self._round.pending:
             return
+        if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
+            self._launch_control()
         steps = self._steps - self._launch_step
         compute = time.perf_counter() - self._round_started
         assert self._control_handle is not None and self._control is not None
         waiting = time.perf_counter()
         self._control_handle.wait()  # gloo may finish it before the model's (several threads)
         self._control_handle = None
-        control = self._control.buckets[0].tolist()
+        control = self._control.tolist()
         waited = time.perf_counter() - waiting
         where = f"in the snapshot of the round launched at step {self._launch_step}"
-        if self._raise_if_nonfinite(torch.tensor(control[_FIGURES:]), where):
+        if self._raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):
             self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
             return
         merging = time.perf_counter()
         handle = self._round.finish()
-        # The merge's own time: waiting for the model's all-reduce is communication, not the
-        # round's work (on CUDA the wait is a stream dependency and the host barely blocks).
-        self._round_cost += max(0.0, time.perf_counter() - merging - handle.exposed_seconds)
+        # The merge's own time: the host blocking in the wait for the model's all-reduce is
+        # communication, not the round's work (on CUDA it is a stream dependency instead).
+        self._round_cost += max(0.0, time.perf_counter() - merging - handle.blocked_seconds)
         self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
         if self._adaptive is not None:
-            self._adapt_period(*(figure / self.world_size for figure in control[:_FIGURES]))
+            if control[_COUNT] > 0:  # the mean over the ranks that had figures to send
+                self._adapt_period(*(figure / control[_COUNT] for figure in control[:_FIGURES]))
             # A fit's first round pays one-time costs (allocations, the group's first collective):
-            # zeros tell every rank's AdaptivePeriod to skip it.
-            timed = self._rounds_finished > 0 and steps > 0
-            self._measured = (handle.comm_seconds, compute / steps, self._round_cost) if timed else (0.0,) * _FIGURES
+            # it is not timed.
+            if self._rounds_finished > 0 and steps > 0:
+                self._timing = (handle, compute / steps, self._round_cost)
         self._rounds_finished += 1
 
     def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
@@ -178,18 +210,30 @@ class CoCoDStrategy(SyncStrategyBase):
         state = {**super()._strategy_state(), "tau": self.tau, "tau_history": self.tau_history}
         if self._adaptive is not None:
             state["adaptive"] = {k: list(v) if isinstance(v, list) else v for k, v in vars(self._adaptive).items()}
+            self._figures_to_send()  # the newest readable figures
             state["measured"] = self._measured
         return state
 
     def _load_strategy_state(self, state: dict[str, Any]) -> None:
         super()._load_strategy_state(state)
         if self._adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
-            self.tau, self.tau_history = state["tau"], [tuple(e) for e in state["tau_history"]]
-            vars(self._adaptive).update(state["adaptive"])
-            measured = tuple(state["measured"])
-            self._measured = measured + (0.0,) * (_FIGURES - len(measured))  # checkpoints older than the round's cost
+            # What was measured carries over; the bounds and rules are the caller's of this fit.
+            adaptive = self._adaptive
+            for key in ("comm_seconds", "step_seconds", "round_seconds", "shorter_asks"):
+                if key in state["adaptive"]:
+                    setattr(adaptive, key, state["adaptive"][key])
+            adaptive.tau = min(max(state["tau"], adaptive.tau_min), adaptive.tau_max)
+            self.tau_history = [tuple(e) for e in state["tau_history"]]
+            if adaptive.tau != state["tau"]:  # the saved period lies outside this fit's bounds
+                self.tau_history.append((self._steps, adaptive.tau))
+            self.tau = adaptive.tau
+            measured = state.get("measured")
+            # Older checkpoints sent zeros for "nothing measured", and had no round cost.
+            if measured is not None and any(measured):
+                self._measured = (*measured, 0.0)[:_FIGURES]
 
     def _abandon_in_flight(self) -> None:
         if self._round is not None:
             self._round.handle = None
         self._control_handle = None
+        self._timing = None

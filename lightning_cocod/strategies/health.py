@@ -26,8 +26,8 @@ class NonFiniteError(FloatingPointError):
 class NonFinitePolicy:
     """Mixin of ``SyncStrategyBase``: the non-finite checks its rounds and averages call."""
 
-    def _health_flags(self: SyncStrategyBase, bad: bool) -> Tensor:
-        flags = torch.zeros(self.world_size, dtype=torch.float64, device=self.root_device)
+    def _health_flags(self: SyncStrategyBase, bad: bool, device: torch.device | None = None) -> Tensor:
+        flags = torch.zeros(self.world_size, dtype=torch.float64, device=device or self.root_device)
         flags[self.global_rank] = float(bad)
         return flags
 

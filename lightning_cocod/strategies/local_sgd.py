@@ -8,7 +8,7 @@ from lightning_cocod.strategies.base import SyncStrategyBase
 from lightning_cocod.strategies.cocod import check_period
 
 
-class LocalSGDStrategy(SyncStrategyBase):
+class LocalSGDMethod(SyncStrategyBase):
     """Every ``tau`` optimizer steps, ``x_i <- mean_j x_j`` (blocking); momentum stays local.
 
     The non-overlapped baseline of CoCoD-SGD: the same communication per round, paid in full.
@@ -28,6 +28,9 @@ class LocalSGDStrategy(SyncStrategyBase):
 
     def _options(self) -> dict[str, Any]:
         return {"tau": self.tau, **super()._options()}
+
+    def _request_lag(self) -> int:
+        return self.tau  # the blocking average couples the workers every tau steps anyway
 
     def _after_step(self) -> None:
         if self._steps % self.tau == 0:

@@ -10,7 +10,7 @@ from lightning_cocod.core import GradientPipeline, Handle, has_nonfinite
 from lightning_cocod.strategies.base import SyncStrategyBase
 
 
-class PipeSGDStrategy(SyncStrategyBase):
+class PipeSGDMethod(SyncStrategyBase):
     """Synchronous SGD with a pipeline of width two: ``x <- x - lr * mean_j grad_j(t-1)``.
 
     After backward of step t the local gradients are launched in a non-blocking all-reduce; the
@@ -34,7 +34,8 @@ class PipeSGDStrategy(SyncStrategyBase):
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
         # The live parameters, not the detached views: the pipeline reads and writes their .grad.
-        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        # All of them, frozen or not, so one unfrozen mid-fit is in the exchange from then on.
+        params = [p for p in self.lightning_module.parameters() if p.is_floating_point()]
         self._pipeline = GradientPipeline(params, self._comm)
 
     def _flat_buffers(self) -> list:

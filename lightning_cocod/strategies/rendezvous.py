@@ -1,10 +1,17 @@
-"""A single-node run keeps its rendezvous on loopback.
+"""The workers' rendezvous: bounded in time on every rank, and kept on loopback for one node.
 
-torch's TCPStore server binds every interface whatever MASTER_ADDR says, and gloo listens on the
-address the host name resolves to. For a run whose MASTER_ADDR is a loopback address (all
-workers on this machine) we hand the store a socket bound to 127.0.0.1 and point gloo at ``lo``,
-so nothing of the run is reachable from the network. Multi-node runs are left to Lightning (the
-store must be reachable from the other nodes there: keep it on a private network).
+torch's store client waits for an answer without a deadline when something else listens on the
+port (a foreign listener accepts the connection and never speaks the store's protocol), retries
+a connection to nobody past its own timeout, and a rank that meets nobody waits once in the store
+and once more in the process group's own connection set-up. Here the whole meeting (store, then
+process group) runs under one deadline, the strategy's ``timeout``: past it every rank gives up
+with ``RendezvousError``.
+
+For a run whose MASTER_ADDR is a loopback address (all workers on this machine) the store gets a
+socket bound to 127.0.0.1 and gloo is pointed at ``lo``, so nothing of the run is reachable from
+the network (torch's store server otherwise binds every interface). A multi-node store must be
+reachable from the other nodes: keep it on a private network. Under torchrun the agent hosts the
+store and torch's own env:// set-up is used.
 """
 
 from __future__ import annotations
@@ -12,10 +19,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from lightning_cocod.strategies.reliability import RendezvousError, first_line
 
 
 def is_loopback(address: str) -> bool:
@@ -25,32 +36,83 @@ def is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def init_loopback_group(
+def uses_agent_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+def _listen_on_loopback(port: int, world_size: int) -> int:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(("127.0.0.1", port))
+    except OSError as err:
+        server.close()
+        raise RendezvousError(
+            f"rank 0 cannot listen on 127.0.0.1:{port} for the workers' rendezvous ({err.strerror}): "
+            "another run may be using MASTER_PORT; pick a free one"
+        ) from None
+    server.listen(world_size)
+    return server.detach()  # the store owns the socket from here
+
+
+def _await_listener(host: str, port: int, deadline: float) -> None:
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"nothing listened at {host}:{port}")
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, remaining)).close()
+            return
+        except OSError:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def init_default_group(
     address: str, port: int, rank: int, world_size: int, backend: str, timeout: timedelta, device: torch.device
 ) -> bool:
-    """Initialise the default process group with a 127.0.0.1-only store; False if not applicable."""
-    if dist.is_initialized() or not is_loopback(address):
+    """Initialise the default process group within ``timeout``; False where torch's own env://
+    set-up applies instead (torchrun's agent store, or a group that already exists)."""
+    if dist.is_initialized() or uses_agent_store():
         return False
+    loopback = is_loopback(address)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    listen_fd = None
-    if rank == 0:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            server.bind(("127.0.0.1", port))
-        except OSError as err:
-            server.close()
-            raise RuntimeError(
-                f"cannot listen on 127.0.0.1:{port} for the workers' rendezvous ({err.strerror}): "
-                "another run may be using MASTER_PORT; pick a free one"
-            ) from None
-        server.listen(world_size)
-        listen_fd = server.detach()  # the store owns the socket from here
-    store = dist.TCPStore(
-        "127.0.0.1", port, world_size, is_master=rank == 0, timeout=timeout, master_listen_fd=listen_fd
-    )
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    listen_fd = _listen_on_loopback(port, world_size) if loopback and rank == 0 else None
+    host = "127.0.0.1" if loopback else address
     kwargs = {"device_id": device} if device.type != "cpu" else {}
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    failure: list[BaseException] = []
+    deadline = time.monotonic() + timeout.total_seconds()
+    slack = min(1.0, 0.1 * timeout.total_seconds())
+
+    def meet() -> None:
+        try:
+            if rank != 0:
+                # Wait for rank 0's store ourselves: torch's client retries past its timeout.
+                _await_listener(host, port, deadline - slack)
+            # The store gives up a little before the deadline, so its thread has ended by then
+            # (a thread still inside it when the process exits would abort the process).
+            remaining = timedelta(seconds=max(0.1, deadline - time.monotonic() - slack))
+            store = dist.TCPStore(
+                host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd
+            )
+            store.set_timeout(timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - reported on the calling thread
+            failure.append(err)
+
+    # A thread, because the store's client has no deadline of its own against a listener that
+    # accepts the connection and never answers (another program on the port).
+    meeting = threading.Thread(target=meet, name="cocod-rendezvous", daemon=True)
+    meeting.start()
+    meeting.join(max(0.0, deadline - time.monotonic()))
+    where = f"{host}:{port}"
+    if meeting.is_alive() or failure:
+        why = "nobody answered in time" if meeting.is_alive() else first_line(failure[0])
+        raise RendezvousError(
+            f"rank {rank} of {world_size} could not meet the others at {where} within {timeout}, the "
+            f"strategy's `timeout` ({why}): check that every rank runs with the same MASTER_ADDR/MASTER_PORT, "
+            "that the address is reachable from this node and that nothing else listens on the port"
+        )
     return True

@@ -43,6 +43,7 @@ class FakeComm:
 class FakeHandle:
     comm_seconds = 0.0
     exposed_seconds = 0.0
+    blocked_seconds = 0.0
     launched_at = 0.0
 
     def __init__(self, comm: FakeComm, index: int, buckets: list[torch.Tensor]) -> None:
@@ -51,6 +52,9 @@ class FakeHandle:
 
     def is_completed(self) -> bool:
         return len(self.comm.cluster.contributions[self.index]) == self.comm.world_size
+
+    def figures_ready(self) -> bool:
+        return self.done
 
     def wait(self) -> None:
         if not self.is_completed():

@@ -32,8 +32,9 @@ def flat(module: torch.nn.Module) -> list[float]:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).tolist()
 
 
-class ToyRegression(pl.LightningModule):
-    """Writes every rank's weights after each optimizer step and at fit end to ``out_dir``."""
+class ToyLogic:
+    """Writes every rank's weights after each optimizer step and at fit end to ``out_dir``; mixed
+    into a LightningModule of either namespace (``ToyRegression``, ``toy_module``)."""
 
     def __init__(self, steps: int, out_dir: str, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY):
         super().__init__()
@@ -90,17 +91,32 @@ class ToyRegression(pl.LightningModule):
         (self.out_dir / f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 
+class ToyRegression(ToyLogic, pl.LightningModule):
+    pass
+
+
+def toy_module(lightning_module_class: type) -> type:
+    """The toy as a module of another Lightning namespace (``lightning.LightningModule``)."""
+    return type("ToyRegression", (ToyLogic, lightning_module_class), {})
+
+
 def read_ranks(out_dir: Path, world: int) -> list[dict]:
     return [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 class _Workers:
-    def __init__(self, world: int, steps: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY):
+    def __init__(
+        self, world: int, steps: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY,
+        frozen_bias: bool = False,
+    ):
         base = initial_model()
         self.models = [copy.deepcopy(base) for _ in range(world)]
         self.opts = [
-            torch.optim.SGD(m.parameters(), lr=LR, momentum=momentum, weight_decay=weight_decay) for m in self.models
+            torch.optim.SGD([m.weight] if frozen_bias else m.parameters(), lr=LR, momentum=momentum, weight_decay=weight_decay)
+            for m in self.models
         ]
+        for m in self.models:
+            m.bias.requires_grad_(not frozen_bias)
         self.data = [rank_batches(r, steps) for r in range(world)]
         self.world = world
 
@@ -127,9 +143,15 @@ class _Workers:
         return [flat(m) for m in self.models]
 
 
-def reference_cocod(world: int, steps: int, tau: int) -> tuple[list[list[list[float]]], list[list[float]]]:
-    """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule."""
-    w = _Workers(world, steps)
+def reference_cocod(
+    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None
+) -> tuple[list[list[list[float]]], list[list[float]]]:
+    """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule.
+
+    ``unfreeze_bias_at``: the bias starts frozen and out of the optimizer, and joins it (a new
+    param group) before that step, as fine-tuning callbacks do; the rounds cover every parameter.
+    """
+    w = _Workers(world, steps, frozen_bias=unfreeze_bias_at is not None)
     trajectory, snaps = [], None
 
     @torch.no_grad()
@@ -141,6 +163,10 @@ def reference_cocod(world: int, steps: int, tau: int) -> tuple[list[list[list[fl
                 p.copy_(avg + (p - snaps[r][k]))
 
     for step in range(steps):
+        if step == unfreeze_bias_at:
+            for m, o in zip(w.models, w.opts):
+                m.bias.requires_grad_(True)
+                o.add_param_group({"params": [m.bias]})
         if step % tau == 0:
             snaps = w.snapshot()
         w.grads(step)

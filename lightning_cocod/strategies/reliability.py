@@ -1,0 +1,273 @@
+"""What lets a long run survive a real cluster, shared by every strategy of this package (S-SGD
+included): one validated timeout, a dead peer named in every collective, a coordinated stop when
+any one worker is preempted, and checkpoints that are whole or absent.
+
+Preemption. A spot node gets SIGTERM alone, a SLURM job SIGUSR1 before its deadline. Lightning's
+own handler broadcasts from rank 0 inside the signal handler, which the other ranks never join
+once the per-step broadcast is gone, so every rank would stall until the collective timeout.
+Here a signal only raises a request flag; the flags travel in a tiny all-reduce every step
+(``RequestFlags``) and every rank learns of the request at the same step, within one round.
+All ranks then write the checkpoint together and leave ``fit`` with ``Preempted`` (exit code 75,
+``EX_TEMPFAIL``: a code schedulers can requeue on). The same path serves ``request_checkpoint()``
+(a checkpoint every N minutes, decided by one rank's clock) and ``request_stop()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
+from lightning_cocod.core.control import RequestFlags
+from lightning_cocod.strategies.checkpointing import (
+    CheckpointError,
+    atomic_save,
+    remove_stale_temporaries,
+    verify_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
+PREEMPTED_EXIT_CODE = 75
+# torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
+DEFAULT_TIMEOUT = timedelta(seconds=1800)
+_STOP, _CHECKPOINT = 0, 1  # slots of the request flags
+_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class WorkerLostError(RuntimeError):
+    """A collective failed: another worker died or stalled, or the network broke."""
+
+
+class RendezvousError(RuntimeError):
+    """The workers could not meet: the store was unreachable or the others never came."""
+
+
+class Preempted(SystemExit):
+    """Every rank stopped at the same step on a stop request (a signal); the checkpoint, if any, is whole."""
+
+    def __init__(self, reason: str, step: int, checkpoint: str | None) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.reason, self.step, self.checkpoint = reason, step, checkpoint
+
+    def __str__(self) -> str:
+        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint (the Trainer has no checkpoint callback)"
+        return f"stopped at optimizer step {self.step} on {self.reason}; {saved}"
+
+
+def parse_timeout(owner: str, value: Any) -> timedelta:
+    """Seconds (what a YAML config can say) or a timedelta, positive and finite."""
+    if value is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        seconds = float("nan")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"{owner}: timeout={value!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
+        )
+    return timedelta(seconds=seconds)
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class ReliableStrategy:
+    """Mixin of our strategies over Lightning's DDPStrategy (it relies on ``self._timeout``,
+    ``global_rank``, ``world_size``, ``launcher``, ``lightning_module`` and ``checkpoint_io``)."""
+
+    _timeout: timedelta
+
+    def _init_reliability(self) -> None:
+        self._steps = 0  # optimizer steps taken in this fit
+        self._requests: RequestFlags | None = None
+        self._local_requests = [0.0, 0.0]
+        self._stop_reason: str | None = None
+        self._agreed: set[str] = set()
+        self._saved_handlers: dict[int, Any] = {}
+
+    # -- requests ------------------------------------------------------------------------
+
+    def request_stop(self, reason: str = "a stop request") -> None:
+        """Stop every rank at the same step (within one round), after a checkpoint when the
+        Trainer has a checkpoint callback; ``fit`` then raises ``Preempted``. Safe in a signal handler."""
+        self._local_requests[_STOP] = 1.0
+        if self._stop_reason is None:
+            self._stop_reason = reason
+
+    def request_checkpoint(self) -> None:
+        """Every rank writes the checkpoint callback's file at the same step (within one round)."""
+        self._local_requests[_CHECKPOINT] = 1.0
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_reason is not None
+
+    def _setup_requests(self) -> None:
+        """A collective: every rank must call it, after the default group exists."""
+        if self.world_size > 1:
+            # gloo on CPU tensors whatever the model's backend: reading the flags never waits for a GPU.
+            group = dist.new_group(backend="gloo", timeout=self._timeout)
+            self._requests = RequestFlags(TorchDistCommunicator(group, torch.device("cpu")), width=2)
+
+    def _request_lag(self) -> int:
+        """Steps between raising a flag and acting on it: how far ahead of a peer a worker may run."""
+        return 1
+
+    def _exchange_requests(self) -> None:
+        """After every optimizer step, on every rank."""
+        flags, self._local_requests = self._local_requests, [0.0, 0.0]
+        if self._requests is None:
+            agreed: Any = flags
+        else:
+            with self._collective("agreeing on stop and checkpoint requests"):
+                self._requests.push(self._steps, flags)
+                agreed = self._requests.due(self._steps, self._request_lag())
+        self._note_agreed(agreed)
+
+    def _note_agreed(self, sums: Any) -> None:
+        if sums is None:
+            return
+        if sums[_STOP] > 0:
+            self._agreed.add("stop")
+        if sums[_CHECKPOINT] > 0:
+            self._agreed.add("checkpoint")
+
+    def _drain_requests(self) -> None:
+        if self._requests is not None:
+            with self._collective("agreeing on stop and checkpoint requests"):
+                self._note_agreed(self._requests.drain())
+
+    def _act_on_requests(self, trainer: Any, stopping_allowed: bool = True) -> None:
+        """Run where every rank is at the same step and the loops' state is whole (a batch start)."""
+        if not self._agreed:
+            return
+        self._drain_requests()  # what is still in flight is part of this decision
+        agreed, self._agreed = self._agreed, set()
+        path = checkpoint_path(trainer)
+        if path is not None:
+            trainer.save_checkpoint(path)
+        elif "checkpoint" in agreed and self.global_rank == 0:
+            log.warning("a checkpoint was requested, but the Trainer has no checkpoint callback to say where: none written")
+        if "stop" in agreed and stopping_allowed:
+            reason = self._stop_reason or "a stop requested on another rank"
+            if self.global_rank == 0:
+                log.warning(f"all ranks stop at optimizer step {self._steps} ({reason}); checkpoint: {path}")
+            raise Preempted(reason, self._steps, path)
+
+    # -- signals -------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in _SIGNALS:
+            self._saved_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        first = not self.stop_requested
+        self.request_stop(f"{signal.Signals(signum).name} on rank {self.global_rank}")
+        launcher = getattr(self, "launcher", None)
+        if first and launcher is not None:
+            # As Lightning's handler does: processes this one started (popen launcher) hear it too.
+            launcher.kill(signum)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._saved_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+        self._saved_handlers = {}
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def _lost(self, what: str, err: BaseException) -> WorkerLostError:
+        return WorkerLostError(
+            f"{type(self).__name__}, rank {self.global_rank}, optimizer step {self._steps}, {what}: "
+            f"{first_line(err)}. A worker died or stalled (collectives time out after {self._timeout}, the "
+            "strategy's `timeout`); resume from the last checkpoint with trainer.fit(..., ckpt_path=...)"
+        )
+
+    @contextlib.contextmanager
+    def _collective(self, what: str, failures: tuple[type[BaseException], ...] = (CommunicationError,)) -> Any:
+        try:
+            yield
+        except WorkerLostError:
+            raise
+        except failures as err:
+            raise self._lost(what, err) from err
+
+    def _lightning_collective(self, what: str) -> Any:
+        # gloo reports a dead peer as a plain RuntimeError ("Connection closed by peer").
+        return self._collective(what, failures=(RuntimeError,))
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        with self._lightning_collective("reducing a logged value (sync_dist)"):
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)  # type: ignore[misc]
+
+    def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        with self._lightning_collective(f"at barrier {name!r}"):
+            super().barrier(name, *args, **kwargs)  # type: ignore[misc]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with self._lightning_collective("broadcasting from rank 0"):
+            return super().broadcast(obj, src)  # type: ignore[misc]
+
+    def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        with self._lightning_collective("gathering a tensor from every rank"):
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)  # type: ignore[misc]
+
+    # -- checkpoint files ----------------------------------------------------------------
+
+    def _write_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any) -> None:
+        if self.global_rank == 0:
+            atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
+
+    def _verify_before_load(self, checkpoint_path: Any) -> None:
+        path = str(checkpoint_path)
+        if "://" in path:
+            return
+        if self.global_rank == 0:
+            remove_stale_temporaries(path)
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"rank {self.global_rank}: {err}") from None
+
+
+def checkpoint_path(trainer: Any) -> str | None:
+    """Where a requested checkpoint goes: the file the Trainer's checkpoint callback keeps up to
+    date (``last_path`` of ours; ``last.ckpt`` in a ModelCheckpoint's folder, versioned rather
+    than replacing a file of another run), or None without a checkpoint callback."""
+    callback = getattr(trainer, "checkpoint_callback", None)
+    if callback is None:
+        return None
+    path = getattr(callback, "last_path", None)
+    if path:
+        return str(path)
+    if getattr(callback, "last_model_path", ""):
+        return str(callback.last_model_path)
+    folder = getattr(callback, "dirpath", None)
+    if folder is None:
+        return None
+    name, ext = getattr(callback, "CHECKPOINT_NAME_LAST", "last"), getattr(callback, "FILE_EXTENSION", ".ckpt")
+    candidate, version = os.path.join(folder, f"{name}{ext}"), 0
+    resumed_from = str(getattr(trainer, "ckpt_path", None) or "")
+    while os.path.exists(candidate) and os.path.abspath(candidate) != os.path.abspath(resumed_from):
+        version += 1
+        candidate = os.path.join(folder, f"{name}-v{version}{ext}")
+    return candidate

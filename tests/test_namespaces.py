@@ -1,0 +1,134 @@
+"""Both Lightning namespaces (``pytorch_lightning`` and the ``lightning`` package's
+``lightning.pytorch``), imported before or after ``lightning_cocod``; spawn parents; hints."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import lightning_cocod
+from tests.helpers import toy
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+# A script, because strategy="cocod" (start_method popen) re-executes sys.argv in its second rank.
+FIT = """
+import json, sys
+{imports}
+from tests.helpers import toy
+
+trainer = L.Trainer(strategy="cocod", accelerator="cpu", devices=2, max_steps=8, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    limit_val_batches=0, use_distributed_sampler=False)
+trainer.fit(toy.toy_module(L.LightningModule)(8, sys.argv[1]))
+strategy = trainer.strategy
+open(f"{{sys.argv[1]}}/result{{trainer.global_rank}}.json", "w").write(json.dumps({{"class": f"{{type(strategy).__module__}}.{{type(strategy).__name__}}",
+                  "rounds": len(strategy.comm_stats.rounds), "rank": trainer.global_rank,
+                  "is_theirs": isinstance(strategy, L.strategies.DDPStrategy)}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("imports", "ours"),
+    [
+        ("import lightning_cocod\nimport lightning.pytorch as L", "lightning_cocod.lightning.CoCoDStrategy"),
+        ("import pytorch_lightning as L\nimport lightning_cocod", "lightning_cocod.pl.CoCoDStrategy"),
+    ],
+    ids=["lightning.pytorch, imported after", "pytorch_lightning, imported before"],
+)
+def test_strategy_by_name_fits_in_either_namespace(tmp_path, imports, ours):
+    script = tmp_path / "fit.py"
+    script.write_text(FIT.format(imports=imports))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=150, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
+    assert results == [
+        {"class": ours, "rounds": 2, "rank": rank, "is_theirs": True} for rank in (0, 1)
+    ]
+    ranks = toy.read_ranks(tmp_path, 2)
+    assert ranks[0]["final"] == ranks[1]["final"]
+    assert ranks[0]["final"] == pytest.approx(toy.reference_cocod(2, 8, 4)[1][0], abs=1e-6)
+
+
+def test_each_namespace_has_its_own_classes_and_registry():
+    import lightning.pytorch as L
+    import pytorch_lightning as pl
+
+    from lightning_cocod import lightning as for_lightning
+    from lightning_cocod import pl as for_pl
+
+    for name in ("CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy"):
+        assert issubclass(getattr(for_lightning, name), L.strategies.DDPStrategy)
+        assert issubclass(getattr(for_pl, name), pl.strategies.DDPStrategy)
+        assert not issubclass(getattr(for_lightning, name), pl.strategies.DDPStrategy)
+    assert lightning_cocod.CoCoDStrategy is for_pl.CoCoDStrategy
+    for method in ("cocod", "local_sgd_fork", "pipe_sgd_spawn", "ssgd_notebook"):
+        assert method in L.strategies.StrategyRegistry and method in pl.strategies.StrategyRegistry
+    trainer = L.Trainer(strategy=for_lightning.CoCoDStrategy(tau=3), accelerator="cpu", devices=2, logger=False)
+    assert trainer.strategy.tau == 3
+    # the logic is one class, shared
+    assert for_lightning.CoCoDStrategy.__mro__[1] is for_pl.CoCoDStrategy.__mro__[1]
+
+
+def test_importing_the_package_imports_no_lightning():
+    code = "import sys, lightning_cocod; print(sorted(m for m in ('pytorch_lightning', 'lightning', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_spawn_parent_holds_the_workers_figures(tmp_path):
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(
+        strategy="cocod_spawn", accelerator="cpu", devices=2, max_steps=8, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, use_distributed_sampler=False,
+    )
+    trainer.fit(toy.ToyRegression(8, str(tmp_path)))
+    stats = trainer.strategy.comm_stats
+    assert [(r.launch_step, r.finish_step) for r in stats.rounds] == [(0, 4), (4, 8)]
+    assert stats.summary()["rounds"] == 2 and trainer.strategy.tau_history == [(0, 4)]
+
+
+@pytest.mark.parametrize(
+    ("code", "hint"),
+    [
+        # python -i: a popen strategy cannot start workers from a session
+        (
+            (
+                "import sys; sys.ps1 = '>>> '\nimport lightning_cocod, pytorch_lightning as pl\n"
+                "pl.Trainer(strategy='cocod', accelerator='cpu', devices=2)"
+            ),
+            "strategy='cocod_notebook'",
+        ),
+    ],
+)
+def test_hints_name_our_strategies(code, hint):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode != 0 and hint in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+
+
+def test_spawn_without_a_main_guard_names_our_strategy(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import pytorch_lightning as pl
+        import lightning_cocod
+        from tests.helpers import toy
+        trainer = pl.Trainer(strategy="cocod_spawn", accelerator="cpu", devices=2, max_steps=2, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False)
+        trainer.fit(toy.ToyRegression(2, {str(tmp_path)!r}))
+    """))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=150, check=False
+    )
+    assert proc.returncode != 0
+    assert "if __name__ ==" in proc.stderr and "strategy='cocod' (start_method 'popen')" in proc.stderr, proc.stderr[-3000:]

@@ -1,0 +1,215 @@
+"""Timeouts, checkpoint files, request flags, resumed bounds and the rendezvous deadline; one
+process each (the rendezvous cases run in a subprocess of their own)."""
+
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+from lightning_cocod import CheckpointError, CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy
+from lightning_cocod.core.control import RequestFlags
+from lightning_cocod.strategies.checkpointing import (
+    DIGEST_SUFFIX,
+    atomic_save,
+    file_digest,
+    remove_stale_temporaries,
+    verify_checkpoint,
+)
+from tests.helpers.fake_comm import FakeCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy]
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize(("given", "seconds"), [(30, 30.0), (2.5, 2.5), (timedelta(minutes=2), 120.0)])
+def test_timeout_takes_seconds_or_a_timedelta(cls, given, seconds):
+    assert cls(timeout=given)._timeout == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("bad", [0, -5, timedelta(0), timedelta(seconds=-1), float("nan"), float("inf"), "30", True])
+def test_a_bad_timeout_is_one_line_naming_what_is_accepted(cls, bad):
+    with pytest.raises(ValueError) as err:
+        cls(timeout=bad)
+    assert str(err.value) == (
+        f"{cls.__name__}: timeout={bad!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
+    )
+
+
+def test_auto_bounds_of_zero_are_refused_not_rounded_up():
+    with pytest.raises(ValueError, match="tau_min must be a positive integer, got 0"):
+        CoCoDStrategy(tau="auto", tau_min=0)
+    with pytest.raises(ValueError, match="tau_max must be a positive integer, got 0"):
+        CoCoDStrategy(tau="auto", tau_max=0)
+
+
+def test_resuming_auto_keeps_this_fits_bounds_and_the_measurements():
+    saved = CoCoDStrategy(tau="auto")
+    saved._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
+    state = {**saved._strategy_state(), "steps": 40, "tau": saved._adaptive.tau, "tau_history": [(0, 4), (8, 24)]}
+    assert state["tau"] == 24
+    resumed = CoCoDStrategy(tau="auto", tau_min=8, tau_max=8)
+    resumed._load_strategy_state(state)
+    assert (resumed._adaptive.tau_min, resumed._adaptive.tau_max) == (8, 8)
+    assert resumed.tau == 8 and resumed._adaptive.tau == 8
+    assert resumed.tau_history == [(0, 4), (8, 24), (40, 8)]
+    assert resumed._adaptive.comm_seconds == 2.0 and resumed._adaptive.step_seconds == 0.1
+    # the next round's rule still runs within this fit's bounds
+    assert resumed._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 8
+
+
+# -- checkpoint files ------------------------------------------------------------------------------
+
+
+def save(path, value=1.0):
+    atomic_save(TorchCheckpointIO(), {"weights": torch.full((1000,), value)}, path)
+
+
+def test_a_saved_checkpoint_verifies_and_carries_the_digest_of_its_bytes(tmp_path):
+    path = tmp_path / "last.ckpt"
+    save(path)
+    assert Path(f"{path}{DIGEST_SUFFIX}").read_text().split() == [file_digest(path)]
+    verify_checkpoint(path)
+    save(path, 2.0)  # rewritten in place: the digest follows
+    verify_checkpoint(path)
+    assert torch.load(path)["weights"][0] == 2.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", f"last.ckpt{DIGEST_SUFFIX}"]
+
+
+def corrupt(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "flipped":
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    elif how == "truncated":
+        data = data[: len(data) // 2]
+    elif how == "empty":
+        data = bytearray()
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "empty"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, how):
+    path = tmp_path / "last.ckpt"
+    save(path)
+    corrupt(path, how)
+    with pytest.raises(CheckpointError) as err:
+        verify_checkpoint(path)
+    message = str(err.value)
+    assert str(path) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", os.urandom(4096)])
+def test_a_file_without_a_digest_must_at_least_load(tmp_path, content):
+    path = tmp_path / "foreign.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=str(path)):
+        verify_checkpoint(path)
+    torch.save({"w": torch.ones(3)}, path)  # a plain checkpoint with no digest beside it
+    verify_checkpoint(path)
+
+
+def test_a_crash_between_the_two_renames_leaves_a_pair_that_verifies(tmp_path):
+    # atomic_save lists the new digest and the previous one while the new file is renamed in.
+    path = tmp_path / "last.ckpt"
+    save(path)
+    old = file_digest(path)
+    other = tmp_path / "other.ckpt"
+    save(other, 3.0)
+    Path(f"{path}{DIGEST_SUFFIX}").write_text(f"{file_digest(other)}\n{old}\n")  # crashed before the rename
+    verify_checkpoint(path)
+    os.replace(other, path)  # ... or just after it
+    verify_checkpoint(path)
+
+
+def test_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path):
+    path = tmp_path / "last.ckpt"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    stale = tmp_path / f"last.ckpt.tmp-{host}-{dead.pid}"
+    live = tmp_path / f"last.ckpt.tmp-{host}-{os.getppid()}"  # a process that runs
+    elsewhere = tmp_path / f"last.ckpt.tmp-another-host-{dead.pid}"
+    unrelated = tmp_path / f"other.ckpt.tmp-{host}-{dead.pid}"
+    for p in (stale, live, elsewhere, unrelated):
+        p.write_bytes(b"partial")
+    assert remove_stale_temporaries(path) == [stale]
+    save(path)  # a save cleans up too, and leaves nothing of its own
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["last.ckpt", f"last.ckpt{DIGEST_SUFFIX}", live.name, elsewhere.name, unrelated.name]
+    )
+
+
+# -- request flags ---------------------------------------------------------------------------------
+
+
+def test_request_flags_are_summed_over_ranks_and_arrive_lag_steps_late():
+    cluster = FakeCluster(3)
+    flags = [RequestFlags(comm, width=2) for comm in cluster.comms]
+    raised = {(1, 2): [1.0, 0.0], (4, 0): [0.0, 1.0], (4, 2): [0.0, 1.0]}  # (step, rank) -> flags
+    seen: dict[int, list[tuple[int, list[float]]]] = {r: [] for r in range(3)}
+    for step in range(1, 9):
+        for rank, pipeline in enumerate(flags):
+            pipeline.push(step, raised.get((step, rank), [0.0, 0.0]))
+        for rank, pipeline in enumerate(flags):
+            due = pipeline.due(step, lag=3)
+            if due is not None and due.any():
+                seen[rank].append((step, due.tolist()))
+    assert seen[0] == seen[1] == seen[2] == [(4, [1.0, 0.0]), (7, [0.0, 2.0])]
+    assert all(p.pending == 3 for p in flags)
+    for rank, pipeline in enumerate(flags):
+        assert pipeline.drain().tolist() == [0.0, 0.0] and pipeline.pending == 0
+
+
+# -- rendezvous deadline ---------------------------------------------------------------------------
+
+MEET = """
+import sys, time, datetime, torch
+from lightning_cocod.strategies.rendezvous import init_default_group
+started = time.monotonic()
+try:
+    init_default_group("127.0.0.1", {port}, {rank}, 2, "gloo", datetime.timedelta(seconds={timeout}), torch.device("cpu"))
+except Exception as err:
+    print(f"{{time.monotonic() - started:.2f}} {{type(err).__name__}}: {{err}}")
+    sys.exit(1)
+print("met")
+"""
+
+
+def meet_alone(rank, port, timeout=4):
+    code = MEET.format(port=port, rank=rank, timeout=timeout)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+def test_the_rendezvous_gives_up_within_the_timeout_on_every_path():
+    with socket.socket() as foreign:  # another program holds the port: it accepts and never answers
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen(8)
+        port, alone = foreign.getsockname()[1], free_port()
+        started = {  # side by side: each measures its own time from its first rendezvous call
+            "foreign, rank 1": meet_alone(1, port), "foreign, rank 0": meet_alone(0, port),
+            "nobody, rank 0": meet_alone(0, alone), "nobody, rank 1": meet_alone(1, alone + 1 if alone < 65535 else alone - 1),
+        }
+        runs = {case: subprocess.CompletedProcess(p.args, p.wait(timeout=60), *p.communicate()) for case, p in started.items()}
+    for case, proc in runs.items():
+        assert proc.returncode == 1, (case, proc.returncode, proc.stderr[-2000:])  # an error, not an abort
+        seconds, message = proc.stdout.strip().split(" ", 1)
+        assert float(seconds) <= 4 + 0.5, (case, seconds)
+        assert message.startswith("RendezvousError: rank "), (case, message)
+        assert "\n" not in message
+    assert "cannot listen on 127.0.0.1" in runs["foreign, rank 0"].stdout and "Address already in use" in runs["foreign, rank 0"].stdout
+    assert "within 0:00:04" in runs["foreign, rank 1"].stdout
