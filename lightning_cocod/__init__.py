@@ -11,9 +11,7 @@ Importing the package imports no Lightning: the names above are loaded on first 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from lightning_cocod._lazy import lazy_attributes
 from lightning_cocod._registration import register_in_every_namespace
 
 register_in_every_namespace()
@@ -38,13 +36,4 @@ __all__ = [  # noqa: RUF022 - loaded lazily from _LAZY
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'lightning_cocod' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

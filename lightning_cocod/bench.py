@@ -4,6 +4,8 @@
     cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
     cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
+    cocod-bench --topology pernode --workers 2,4,8 --model small_cnn --rates 10mbit,50mbit
+                                                  # a link per worker: speedup against workers
 
 A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
 (proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``.
@@ -16,6 +18,13 @@ after a warm-up, so the waits at round boundaries count, of the run's joint time
 is done when the last worker has finished it. The strategy's own overhead is CoCoD on an
 unshaped link with a period longer than the run (no round completes) against the bound. With
 ``--repeats`` the table gives the median of each ratio over passes and its range.
+
+``--topology pernode`` gives every worker a namespace and a link of its own, shaped to the rate
+both ways, on a common bridge (``launch/cluster.py``); the default, ``loopback``, sends all of a
+run's traffic through one shaped loopback. ``--workers 2,4,8`` repeats everything at each count
+(each with its own bound: N single-process runs side by side, so oversubscribing the machine
+cancels in the ratios) and adds a table and a plot of the speedup over S-SGD against workers.
+Every run ends with the performance model's prediction of every step time (``cocod-plan``).
 """
 
 from __future__ import annotations
@@ -36,7 +45,16 @@ from lightning_cocod.compare import (
     save_plot,
     steady_step_seconds,
 )
-from lightning_cocod.launch import format_rate, parse_rate
+from lightning_cocod.launch import (
+    TOPOLOGIES,
+    LatencyUnsupported,
+    format_latency,
+    format_rate,
+    parse_latency,
+    parse_rate,
+)
+from lightning_cocod.launch.cluster import measured_round_trip
+from lightning_cocod.plan import validate, validation_table
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
 PERIODIC = ("local_sgd", "cocod")
@@ -68,8 +86,24 @@ def method_label(spec: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rates", default="300mbit", help="comma-separated link rates, e.g. 100mbit,1gbit,10gbit")
+    parser.add_argument("--workers", default="2", help="worker count, or several, e.g. 2,4,8")
+    parser.add_argument(
+        "--rates", default=None,
+        help="comma-separated link rates, e.g. 100mbit,1gbit,10gbit, or none (default 300mbit on CPU, none on GPU)",
+    )
+    parser.add_argument(
+        "--accelerator", default="cpu", choices=["cpu", "gpu"],
+        help="gpu: NCCL with a GPU per rank, or gloo on CUDA tensors when ranks share one (the header says which)",
+    )
+    parser.add_argument("--one-device", action="store_true", help="with --accelerator gpu: every rank on cuda:0")
+    parser.add_argument("--precision", default=None, help="Lightning precision, e.g. bf16-mixed (default 32-true)")
+    parser.add_argument("--channels-last", action="store_true", help="channels_last memory format (GPU)")
+    parser.add_argument(
+        "--topology", default="loopback", choices=TOPOLOGIES,
+        help="loopback: one shaped link shared by all workers; pernode: a shaped link per worker, on a bridge",
+    )
+    parser.add_argument("--latency", default=None, help="one-way delay added to every link, e.g. 50us (needs netem)")
+    parser.add_argument("--width", type=int, default=None, help="small_cnn width (default 48)")
     parser.add_argument("--tau", type=int, default=4)
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
@@ -80,6 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, default=1, help="passes over all runs; medians of per-pass ratios are reported"
     )
+    parser.add_argument(
+        "--bound-every", type=int, default=1, help="runs between two bound runs (default 1: after every run)"
+    )
     parser.add_argument("--no-overhead", action="store_true", help="skip the strategy-overhead run")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench-<time>)")
     args = parser.parse_args(argv)
@@ -87,26 +124,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.method_specs = [parse_method(m.strip(), args.tau) for m in args.methods.split(",") if m.strip()]
         if not args.method_specs:
             raise ValueError(f"--methods is empty; accepted: {', '.join(METHODS)}")
+        args.worker_counts = parse_worker_counts(args.workers)
+        args.workers = args.worker_counts[0]
         args.slowdown_factors = None
         if args.slowdown:
             from lightning_cocod.hetero import check_slowdowns
 
+            if len(args.worker_counts) > 1:
+                raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
             args.slowdown_factors = check_slowdowns([float(f) for f in args.slowdown.split(",")], args.workers)
+        if args.rates is None:
+            # NCCL between GPUs of one machine never crosses a shaped loopback.
+            args.rates = "none" if args.accelerator == "gpu" else "300mbit"
         args.rate_list = [r.strip() for r in args.rates.split(",") if r.strip()]
         args.rate_bps = [parse_rate(r) for r in args.rate_list]
+        args.latency_seconds = parse_latency(args.latency)
     except ValueError as err:
         parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
+    if args.accelerator == "gpu" and args.topology != "loopback":
+        parser.error("--topology pernode shapes CPU workers' links; with --accelerator gpu use the default")
+    if args.one_device and args.accelerator != "gpu":
+        parser.error("--one-device puts GPU ranks on one device: use it with --accelerator gpu")
+    if args.width is not None and (args.model != "small_cnn" or args.width < 1):
+        parser.error(f"--width {args.width} is not understood: a positive width of --model small_cnn only")
     if any(m["proportional"] for m in args.method_specs) and args.epoch_steps is None:
         args.epoch_steps = 2 * args.tau  # proportional sampling re-splits at epoch boundaries
     if not args.rate_list:
         parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
     args.warmup = args.tau if args.warmup is None else args.warmup
-    for name, low in (("workers", 2), ("tau", 1), ("batch_size", 1), ("warmup", 1), ("repeats", 1)):
+    for name, low in (("tau", 1), ("batch_size", 1), ("warmup", 1), ("repeats", 1), ("bound_every", 1)):
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
     if args.steps < args.warmup + 2 * args.tau:
         parser.error(f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}")
     return args
+
+
+def parse_worker_counts(text: str) -> list[int]:
+    """'2,4,8' -> [2, 4, 8]; each count at least 2 (a run with one worker has nothing to communicate)."""
+    tokens = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not tokens or not all(t.isdigit() and int(t) >= 2 for t in tokens):
+        raise ValueError(f"--workers {text!r} is not understood: give counts of at least 2, e.g. 2 or 2,4,8")
+    return sorted(set(map(int, tokens)))
 
 
 def round_ends(result: dict[str, Any]) -> list[int]:
@@ -130,6 +189,15 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
     return (t[ends[-1] - 1] - t[ends[0] - 1]) / (ends[-1] - ends[0])
 
 
+def periods_after(history: list[list[int]], warmup: int) -> list[int] | None:
+    """The periods in force after the warm-up, in order (tau="auto" chooses its own): the one
+    set last before the warm-up ended, then every later change."""
+    if not history:
+        return None
+    before = [tau for step, tau in history if step <= warmup]
+    return before[-1:] + [tau for step, tau in history if step > warmup]
+
+
 def joint_timeline(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's own timeline: step k is done when every rank has finished it. The workers share
     the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds."""
@@ -150,6 +218,11 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
         return steady_step_seconds(result["step_ends"], warmup, 1)
 
     comm = [r["comm"] for r in results if r.get("comm")]
+    durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
+    mean = statistics.fmean(durations) if durations else 0.0
+    # Launch to completion of each all-reduce of the model after the warm-up, over every rank.
+    round_comm = [r_[2] for r in results for r_ in r.get("rounds", []) if r_[0] >= warmup]
+    history = results[0].get("tau_history") or []
     return {
         "step_seconds": pace(joint_timeline(results)),
         "step_seconds_per_rank": [pace(r) for r in results],
@@ -162,28 +235,50 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
         "tau_history": results[0].get("tau_history"),
         "batch_split_history": results[0].get("batch_split_history"),
         "model_bytes": results[0]["model_bytes"],
+        # Spread of single steps across ranks and steps: the jitter a per-step barrier pays for.
+        "step_cv": statistics.pstdev(durations) / mean if len(durations) > 1 and mean > 0 else None,
+        "comm_seconds_per_round": statistics.median(round_comm) if round_comm else None,
+        "taus": periods_after(history, warmup),
     }
 
 
-def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> None:
+def workers_line(args: argparse.Namespace) -> str:
+    if args.accelerator == "cpu":
+        return "CPU workers x 1 thread"
+    import torch
+
+    from lightning_cocod.worker import describe_placement, placement
+
+    counts = args.worker_counts
+    layout = placement("gpu", "cocod", counts[0], 0, torch.cuda.device_count(), args.one_device)["record"]
+    return f"GPU ranks: {describe_placement(layout)}"
+
+
+def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> bool:
     rates = [r for r in rates if r]  # an unshaped run has no place on a rate axis
+    if not rates:
+        return False
     fig, ax = new_axes()
     for name, by_rate in figures["methods"].items():
         ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
     ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label="compute only (bound)")
     ax.set_xscale("log")
     save_plot(fig, ax, path, "link rate (bit/s)", "step time (s)", title)
+    return True
 
 
-def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One pass: the bound before the first run and again after every run (the overhead run,
-    every method at every rate); every ratio is to the median of the pass's bounds. Measured
-    once, the bound of this machine ranges over 1.2-2.0 s per step for ResNet18 within ten
-    minutes; interleaved and medianed, neither drift nor one slow run decides a ratio."""
+def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: int | None = None) -> dict[str, Any]:
+    """One pass at one worker count: the bound before the first run and again after every
+    ``--bound-every`` runs (the overhead run, every method at every rate) and after the last;
+    every ratio is to the median of the pass's bounds. Measured once, the bound of this machine
+    ranges over 1.2-2.0 s per step for ResNet18 within ten minutes; interleaved and medianed,
+    neither drift nor one slow run decides a ratio."""
+    workers = workers or args.workers
     total, warmup = f"/{args.steps}", args.warmup
+    planned = (0 if args.no_overhead else 1) + len(args.rate_list) * len(args.method_specs)
 
     def run_bound(index: int) -> dict[str, Any]:
-        runs = run_method({**spec, "method": "bound"}, args.workers, None, out, total, suffix=f"-{index}")
+        runs = run_method({**spec, "method": "bound"}, workers, None, out, total, suffix=f"-{index}")
         return summarize(runs, warmup, False)
 
     bounds = [run_bound(1)]
@@ -191,8 +286,12 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[s
     runs: list[dict[str, Any]] = []
 
     def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
-        runs.append(summarize(run_method(run_spec, args.workers, rate, out, total), warmup, periodic))
-        bounds.append(run_bound(len(bounds) + 1))
+        results = run_method(
+            run_spec, workers, rate, out, total, topology=args.topology, latency=args.latency
+        )
+        runs.append(summarize(results, warmup, periodic))
+        if len(runs) % args.bound_every == 0 or len(runs) == planned:
+            bounds.append(run_bound(len(bounds) + 1))
         return runs[-1]
 
     if not args.no_overhead:
@@ -200,6 +299,10 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[s
     for rate, bps in zip(args.rate_list, args.rate_bps):
         for method in args.method_specs:
             result = run({**spec, **method}, rate, method["method"] in PERIODIC)
+            # What the run was, for the performance model (plan.validate) to predict it.
+            result.update(method=method["method"], tau=method["tau"] if method["method"] in PERIODIC else None)
+            if result["taus"] is None and isinstance(result["tau"], int):
+                result["taus"] = [result["tau"]]  # a fixed period (only CoCoD keeps a history)
             figures["methods"].setdefault(method_label(method), {})[str(bps)] = result
     bound_seconds = statistics.median(b["step_seconds"] for b in bounds)
     for result in runs:
@@ -213,6 +316,7 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path) -> dict[s
         "step_seconds": bound_seconds,
         "step_seconds_runs": [b["step_seconds"] for b in bounds],
         "peak_rss_bytes": max(b["peak_rss_bytes"] for b in bounds),
+        "step_cv": statistics.median(b["step_cv"] for b in bounds) if all(b["step_cv"] for b in bounds) else None,
     }
     return figures
 
@@ -248,69 +352,152 @@ def ratio(figure: dict[str, Any], key: str) -> str:
     return f"{value:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else "")
 
 
+def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
+    """Every run's figures; a workers column when there are several counts."""
+    several = len(args.worker_counts) > 1
+    rows = []
+    for workers, by_workers in figures["workers"].items():
+        bound = by_workers["bound"]
+        for bps in args.rate_bps:
+            for name, by_rate in by_workers["methods"].items():
+                f = by_rate[str(bps)]
+                extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
+                rows.append([
+                    *([workers] if several else []), format_rate(bps) if bps else "unshaped", name,
+                    ", ".join(map(str, f["taus"])) if f.get("taus") else "", f"{f['step_seconds']:.3f}",
+                    ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
+                    f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
+                    f"{100 * f['hidden_fraction']:.0f}%" if f["hidden_fraction"] is not None else "n/a",
+                    f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
+                    f"{f['buffer_copies']:.1f}",
+                ])
+    headers = [
+        *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",
+        "exposed s/step", "hidden", "peak RSS/worker (vs bound)", "flat copies",
+    ]
+    return markdown_table(headers, rows)
+
+
+def scaling_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
+    """Speedup over S-SGD (and the step against the bound) at each worker count."""
+    counts = list(figures["workers"])
+    first = figures["workers"][counts[0]]["methods"]
+    rows = []
+    for bps in args.rate_bps:
+        for name in first:
+            cells = []
+            for workers in counts:
+                f = figures["workers"][workers]["methods"][name][str(bps)]
+                cells.append(f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)")
+            rows.append([format_rate(bps) if bps else "unshaped", name, *cells])
+    headers = ["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in counts)]
+    return markdown_table(headers, rows)
+
+
+def plot_scaling(args: argparse.Namespace, figures: dict[str, Any], path: Path, title: str) -> None:
+    """Speedup over S-SGD against workers: a colour per method, a line style per rate."""
+    counts = [int(n) for n in figures["workers"]]
+    fig, ax = new_axes()
+    styles = ["-", "--", ":", "-."]
+    names = [n for n in figures["workers"][str(counts[0])]["methods"] if n != label("ssgd")]
+    for index, bps in enumerate(args.rate_bps):
+        for colour, name in enumerate(names):
+            speedups = [figures["workers"][str(n)]["methods"][name][str(bps)]["vs_ssgd"] for n in counts]
+            if None not in speedups:
+                ax.plot(counts, speedups, marker="o", color=f"C{colour}", ls=styles[index % len(styles)],
+                        label=f"{name} @ {format_rate(bps)}")
+    ax.axhline(1.0, color="k", lw=1, label=label("ssgd"))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    save_plot(fig, ax, path, "workers", "speedup over S-SGD (step time ratio)", title)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
     spec = {
         "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05,
         "seed": 0, "steps": args.steps, "evaluate": False, "tau": args.tau, "slowdown": args.slowdown_factors,
     }
     if args.epoch_steps:
         spec["epoch_steps"] = args.epoch_steps
+    if args.width:
+        spec["model_kwargs"] = {"width": args.width}
+    spec.update(accelerator=args.accelerator, one_device=args.one_device, channels_last=args.channels_last)
+    if args.precision:
+        spec["precision"] = args.precision
+    links = (
+        "one shared loopback" if args.topology == "loopback" else "a link per worker (both ways) on a bridge"
+    ) + (f", {format_latency(args.latency_seconds)} one-way delay added" if args.latency_seconds else "")
     print(
-        f"cocod-bench: {args.model}, {args.workers} CPU workers x 1 thread, batch {args.batch_size}/worker, "
-        f"{args.steps} steps (first {args.warmup} discarded), tau={args.tau}, rates {', '.join(args.rate_list)}"
+        f"cocod-bench: {args.model}, {', '.join(map(str, args.worker_counts))} {workers_line(args)}, "
+        f"batch {args.batch_size}/worker, {args.steps} steps (first {args.warmup} discarded), tau={args.tau}, "
+        f"rates {', '.join(args.rate_list)} over {links}"
         + (f", slowdown {args.slowdown_factors}" if args.slowdown_factors else "")
         + (f", {args.repeats} passes (medians; ranges in brackets)" if args.repeats > 1 else "")
-        + "\n"
     )
-    passes = []
-    for index in range(args.repeats):
-        if args.repeats > 1:
-            print(f"pass {index + 1}/{args.repeats}")
-        passes.append(measure(args, spec, out / f"pass{index + 1}" if args.repeats > 1 else out))
-    figures = {"args": {k: v for k, v in vars(args).items()}, **combine(passes), "passes": passes}
+    try:
+        # The latency of the links as built (a delay this kernel cannot add fails here, first).
+        rtt = measured_round_trip(args.topology, args.rate_list[0], args.latency)
+    except LatencyUnsupported as err:
+        raise SystemExit(f"cocod-bench: {err}") from None
+    print(
+        f"measured round trip between two workers (TCP, 1 byte): {rtt * 1e6:.0f} us\n"
+        if rtt is not None
+        else "round trip not measured (no private network: links unshaped)\n"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    by_workers = {}
+    for workers in args.worker_counts:
+        base = out / f"workers{workers}" if len(args.worker_counts) > 1 else out
+        passes = []
+        for index in range(args.repeats):
+            if args.repeats > 1 or len(args.worker_counts) > 1:
+                print(f"{workers} workers, pass {index + 1}/{args.repeats}")
+            passes.append(measure(args, spec, base / f"pass{index + 1}" if args.repeats > 1 else base, workers))
+        by_workers[str(workers)] = {**combine(passes), "passes": passes}
+    figures = {
+        "args": dict(vars(args)),
+        "link": {"topology": args.topology, "latency_seconds": args.latency_seconds, "round_trip_seconds": rtt},
+        "workers": by_workers,
+    }
+    validation = validate(figures)
+    figures["model"] = validation
     (out / "bench.json").write_text(json.dumps(figures, indent=1))
 
-    bound = figures["bound"]
-    rows = []
-    for rate, bps in zip(args.rate_list, args.rate_bps):
-        for name, by_rate in figures["methods"].items():
-            f = by_rate[str(bps)]
-            extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
-            rows.append([
-                format_rate(bps) if bps else "unshaped", name, f"{f['step_seconds']:.3f}",
-                ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
-                f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
-                f"{100 * f['hidden_fraction']:.0f}%" if f["hidden_fraction"] is not None else "n/a",
-                f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
-                f"{f['buffer_copies']:.1f}",
-            ])
-    headers = [
-        "link", "method", "step s", "vs bound", "vs S-SGD", "exposed s/step", "hidden",
-        "peak RSS/worker (vs bound)", "flat copies",
-    ]
-    table = markdown_table(headers, rows)
-    lines = [
-        (
-            f"bound (compute only): {bound['step_seconds']:.3f} s/step, peak RSS "
-            f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.1f} MB"
-        ),
-    ]
-    if "overhead" in figures:
-        o = figures["overhead"]
-        spread = o.get("vs_bound_range")
+    lines = []
+    for workers, f in by_workers.items():
+        bound = f["bound"]
         lines.append(
-            f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
-            f"{100 * (o['vs_bound'] - 1):+.1f}% vs the bound"
-            + (f" (passes: {100 * (spread[0] - 1):+.1f}% to {100 * (spread[1] - 1):+.1f}%)" if spread else "")
+            f"{workers} workers: bound (compute only) {bound['step_seconds']:.3f} s/step, peak RSS "
+            f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.2f} MB"
         )
-    report = "\n".join([table, "", *lines])
+        if "overhead" in f:
+            o = f["overhead"]
+            spread = o.get("vs_bound_range")
+            lines.append(
+                f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
+                f"{100 * (o['vs_bound'] - 1):+.1f}% vs the bound"
+                + (f" (passes: {100 * (spread[0] - 1):+.1f}% to {100 * (spread[1] - 1):+.1f}%)" if spread else "")
+            )
+    sections = [results_table(args, figures), "", *lines]
+    if len(args.worker_counts) > 1:
+        sections += ["", scaling_table(args, figures)]
+    sections += ["", "performance model (cocod-plan) against the measurements:", "", validation_table(validation)]
+    report = "\n".join(sections)
     print("\n" + report)
     (out / "table.md").write_text(report + "\n")
-    plot(figures, args.rate_bps, out / "step_time_vs_rate.png", f"{args.model}, {args.workers} workers, tau={args.tau}")
-    print(f"\njson: {out / 'bench.json'}\nplot: {out / 'step_time_vs_rate.png'}")
+    title = f"{args.model}, tau={args.tau}, {args.topology} links"
+    plots = []
+    for workers, f in by_workers.items():
+        name = "step_time_vs_rate.png" if len(by_workers) == 1 else f"step_time_vs_rate_{workers}workers.png"
+        if plot(f, args.rate_bps, out / name, f"{title}, {workers} workers"):
+            plots.append(out / name)
+    if len(by_workers) > 1:
+        plot_scaling(args, figures, out / "speedup_vs_workers.png", title)
+        plots.append(out / "speedup_vs_workers.png")
+    shown = ", ".join(map(str, plots)) or "none (no shaped rate, one worker count)"
+    print(f"\njson: {out / 'bench.json'}\nplots: {shown}")
     return 0
 
 

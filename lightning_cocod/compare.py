@@ -11,6 +11,7 @@ from typing import Any
 
 from lightning_cocod.callbacks import steady_step_seconds
 from lightning_cocod.launch import launch_workers
+from lightning_cocod.plan import markdown_table  # there so that cocod-plan imports no Lightning
 
 __all__ = ["label", "markdown_table", "new_axes", "run_method", "save_plot", "steady_step_seconds"]
 
@@ -70,9 +71,12 @@ def run_method(
     total: str = "",
     timeout_s: float = 1800,
     suffix: str = "",
+    topology: str = "loopback",
+    latency: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``spec`` on ``workers`` ranks over a link shaped to ``rate``; returns each rank's result.
-    ``suffix`` tells apart the folders of repeated runs of one method."""
+    """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
+    with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
+    apart the folders of repeated runs of one method."""
     name = f"{spec['method']}" + (f"-tau{spec['tau']}" if spec["method"] in ("local_sgd", "cocod") else "")
     name += "-ps" if spec.get("proportional") else ""
     run_dir = out_dir / f"{name}-{rate or 'unshaped'}{suffix}"
@@ -91,16 +95,12 @@ def run_method(
         output_dir=run_dir,
         name_prefix="cocod-cmp",
         on_tick=progress.tick,
+        topology=topology,
+        latency=latency,
     )
     (run_dir / "results.json").write_text(json.dumps(results))
     progress.done(f"done in {time.monotonic() - progress.started:.0f} s")
     return results
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
 def new_axes() -> tuple[Any, Any]:

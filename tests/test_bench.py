@@ -85,7 +85,7 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
     bound_steps = iter([1.0, 1.0, 3.0, 1.2])  # one slow outlier; the median (1.1) ignores it
     calls = []
 
-    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix=""):
+    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
         calls.append(spec["method"] + (f"-{spec['tau']}" if spec["method"] == "cocod" else ""))
         if spec["method"] == "bound":
             return [rank_result([next(bound_steps)] * 12)] * workers
@@ -106,3 +106,82 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
     ssgd, cocod = (figures["methods"][name][str(300_000_000)] for name in ("S-SGD (Lightning DDP)", "CoCoD-SGD tau=4"))
     assert ssgd["vs_bound"] == pytest.approx(3.0) and cocod["vs_bound"] == pytest.approx(1.1)
     assert cocod["vs_ssgd"] == pytest.approx(3.3 / 1.21) and ssgd["vs_ssgd"] == pytest.approx(1.0)
+
+
+# --- several worker counts, per-node links, and what the performance model needs -----------------
+
+
+def test_worker_counts_are_read_sorted_and_checked():
+    from lightning_cocod.bench import parse_worker_counts
+
+    assert parse_worker_counts("8,2,4,4") == [2, 4, 8]
+    assert parse_worker_counts("2") == [2]
+    for bad in ("1", "2,x", "", "-2"):
+        with pytest.raises(ValueError, match="give counts of at least 2"):
+            parse_worker_counts(bad)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "2,4", "--slowdown", "1,2"], "--slowdown gives one factor per rank"),
+        (["--latency", "fast"], "latency 'fast' is not understood"),
+        (["--topology", "mesh"], "invalid choice: 'mesh'"),
+        (["--width", "8"], "--width 8 is not understood: a positive width of --model small_cnn only"),
+        (["--bound-every", "0"], "--bound-every must be at least 1"),
+    ],
+)
+def test_bad_options_are_one_line_errors(argv, message, capsys):
+    from lightning_cocod import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_summary_keeps_the_jitter_the_allreduce_time_and_the_periods():
+    # Two ranks, warm-up 2: steps after it take 1, 3 and 1, 3 s: mean 2, population std 1.
+    a, b = rank_result([9, 9, 1, 3]), rank_result([9, 9, 1, 3])
+    a["rounds"] = [[0, 2, 5.0, 0.0], [2, 4, 0.4, 0.0]]  # the warm-up's round is not counted
+    b["rounds"] = [[0, 2, 5.0, 0.0], [2, 4, 0.6, 0.0]]
+    a["tau_history"] = b["tau_history"] = [[0, 4], [1, 2], [3, 1]]
+    figures = summarize([a, b], warmup=2, periodic=False)
+    assert figures["step_cv"] == pytest.approx(0.5)
+    assert figures["comm_seconds_per_round"] == pytest.approx(0.5)
+    assert figures["taus"] == [2, 1]  # in force when the warm-up ended, then each change
+
+
+def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypatch, tmp_path):
+    from lightning_cocod import bench
+
+    calls = []
+
+    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
+        calls.append((spec["method"], workers, rate, topology, latency))
+        return [rank_result([1.0 if spec["method"] == "bound" else 2.0] * 12)] * workers
+
+    monkeypatch.setattr(bench, "run_method", fake_run_method)
+    args = bench.parse_args([
+        "--methods", "ssgd,pipe_sgd", "--rates", "10mbit,50mbit", "--steps", "12", "--warmup", "4",
+        "--workers", "2,4", "--topology", "pernode", "--bound-every", "2", "--no-overhead",
+    ])
+    figures = bench.measure(args, {"tau": 4}, tmp_path, workers=4)
+    # Bounds (no process group, so no links) before the first run, then after every second.
+    assert [c[0] for c in calls] == ["bound", "ssgd", "pipe_sgd", "bound", "ssgd", "pipe_sgd", "bound"]
+    assert all(c[1] == 4 for c in calls)
+    assert {c[2:] for c in calls if c[0] != "bound"} == {("10mbit", "pernode", None), ("50mbit", "pernode", None)}
+    assert {c[2:] for c in calls if c[0] == "bound"} == {(None, "loopback", None)}
+    ssgd = figures["methods"]["S-SGD (Lightning DDP)"][str(10_000_000)]
+    assert ssgd["method"] == "ssgd" and ssgd["tau"] is None and ssgd["vs_bound"] == pytest.approx(2.0)
+
+
+def test_unshaped_runs_have_no_rate_plot_and_gpu_runs_default_to_unshaped(tmp_path):
+    from lightning_cocod import bench
+
+    assert bench.plot({"methods": {}, "bound": {"step_seconds": 1.0}}, [None], tmp_path / "p.png", "t") is False
+    assert not (tmp_path / "p.png").exists()
+    assert bench.parse_args(["--accelerator", "gpu"]).rate_list == ["none"]
+    assert bench.parse_args([]).rate_list == ["300mbit"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--one-device"])

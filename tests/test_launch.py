@@ -15,6 +15,7 @@ import pytest
 from lightning_cocod.launch import (
     RESULT_ENV,
     WorkerFailed,
+    WorkersPreempted,
     WorkersTimedOut,
     format_rate,
     launch_workers,
@@ -353,4 +354,42 @@ def test_signalled_launcher_removes_namespace_and_workers(tmp_path, sig):
     if sig == signal.SIGTERM:
         assert launcher.exitcode == 128 + signal.SIGTERM
     assert _namespaces_with(prefix) == []
+    assert _processes_with(str(tmp_path)) == []
+
+
+def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
+    # Rank 0 leaves first (exit 75); rank 1 follows 0.3 s later and is not killed meanwhile.
+    with pytest.raises(WorkersPreempted, match="all 2 ranks stopped at one step"):
+        launch_workers(
+            str(HELPERS / "preemptible_worker.py"), 2, None, args=[tmp_path, 0.2], timeout_s=30,
+            output_dir=tmp_path, grace_s=1,
+        )
+    assert _processes_with(str(tmp_path)) == []
+
+
+def _launch_preemptible(marker_dir: str) -> None:
+    try:
+        launch_workers(
+            str(HELPERS / "preemptible_worker.py"), 2, None, args=[marker_dir], timeout_s=60,
+            output_dir=Path(marker_dir, "logs"),
+        )
+    except WorkersPreempted:
+        sys.exit(75)
+
+
+@pytest.mark.timeout(30)
+def test_sigterm_to_the_launcher_gives_the_workers_time_to_stop_together(tmp_path):
+    launcher = multiprocessing.get_context("fork").Process(target=_launch_preemptible, args=(str(tmp_path),))
+    launcher.start()
+    try:
+        deadline = time.monotonic() + 15
+        while len(list(tmp_path.glob("started.*"))) < 2:
+            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
+            time.sleep(0.05)
+        os.kill(launcher.pid, signal.SIGTERM)
+        launcher.join(timeout=15)
+    finally:
+        launcher.kill()
+        launcher.join()
+    assert launcher.exitcode == 75  # the workers got the signal and left with 75; nothing was killed
     assert _processes_with(str(tmp_path)) == []

@@ -1,10 +1,20 @@
-"""Launch the ranks of a run as local processes, optionally over a rate-limited loopback."""
+"""Launch the ranks of a run as local processes, over one shaped loopback or a shaped link per node."""
 
-from lightning_cocod.launch.netns import ShapedLink, format_rate, parse_rate, shaped_namespace
+from lightning_cocod.launch.cluster import TOPOLOGIES, Cluster, network, pernode_cluster
+from lightning_cocod.launch.netns import (
+    LatencyUnsupported,
+    ShapedLink,
+    format_latency,
+    format_rate,
+    parse_latency,
+    parse_rate,
+    shaped_namespace,
+)
 from lightning_cocod.launch.workers import (
     RESULT_ENV,
     LaunchError,
     WorkerFailed,
+    WorkersPreempted,
     WorkersTimedOut,
     launch_workers,
     write_result,
@@ -12,13 +22,21 @@ from lightning_cocod.launch.workers import (
 
 __all__ = [
     "RESULT_ENV",
+    "TOPOLOGIES",
+    "Cluster",
+    "LatencyUnsupported",
     "LaunchError",
     "ShapedLink",
     "WorkerFailed",
+    "WorkersPreempted",
     "WorkersTimedOut",
+    "format_latency",
     "format_rate",
     "launch_workers",
+    "network",
+    "parse_latency",
     "parse_rate",
+    "pernode_cluster",
     "shaped_namespace",
     "write_result",
 ]

@@ -8,6 +8,10 @@ token-bucket filter there shapes all of a run's traffic like one shared link:
     ip netns exec NAME tc qdisc add dev lo root tbf rate RATE burst BURST latency 100ms
     ip netns exec NAME <workers on 127.0.0.1>
     ip netns del NAME
+
+With a latency, a netem qdisc delays every packet before the tbf shapes it (a kernel without
+netem is refused with a one-line error). `cluster.py` builds the other topology, one namespace
+per worker, from the same parts.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ _MIN_BURST_BYTES = 256 * 1024
 # common kernel configs, so rate_bytes / 250 is enough whatever HZ this kernel was built with.
 _LOWEST_HZ = 250
 _LATENCY = "100ms"
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
 
 
 def parse_rate(rate: str | int | None) -> int | None:
@@ -68,6 +74,30 @@ def parse_rate(rate: str | int | None) -> int | None:
     return int(bps)
 
 
+def parse_latency(latency: str | float | None) -> float | None:
+    """Seconds for a tc-style time ("50us", "0.2ms", "1s"); None for no added delay."""
+    if latency is None:
+        return None
+    if isinstance(latency, (int, float)) and not isinstance(latency, bool):
+        if not latency >= 0:
+            raise ValueError(f"latency {latency!r} is not understood: seconds must be >= 0")
+        return float(latency) or None
+    text = str(latency).strip().lower()
+    if text in _UNSHAPED_WORDS or text == "0":
+        return None
+    match = _DURATION_RE.match(text)
+    if not match:
+        raise ValueError(
+            f"latency {latency!r} is not understood: use a number followed by us, ms or s (e.g. 50us), or 'none'"
+        )
+    return float(Decimal(match.group(1)) * Decimal(str(_DURATION_UNITS[match.group(2)]))) or None
+
+
+def format_latency(seconds: float | None) -> str:
+    """A time as tc reads it, in whole microseconds; 'none' for None."""
+    return "none" if seconds is None else f"{round(seconds * 1e6)}us"
+
+
 def format_rate(bps: int | None) -> str:
     """The shortest tc-style spelling of a rate; 'unshaped' for None."""
     if bps is None:
@@ -80,8 +110,20 @@ def format_rate(bps: int | None) -> str:
     return f"{bps}bit"
 
 
-def burst_bytes(bps: int) -> int:
-    return max(_MIN_BURST_BYTES, -(-bps // (8 * _LOWEST_HZ)))
+def describe_link(bps: int | None, delay: float | None) -> str:
+    return format_rate(bps) + (f" with {format_latency(delay)} delay" if delay is not None else "")
+
+
+def burst_bytes(bps: int, floor: int = _MIN_BURST_BYTES) -> int:
+    """The token bucket of a link at `bps`: one timer tick's worth at the rate, at least `floor`."""
+    return max(floor, -(-bps // (8 * _LOWEST_HZ)))
+
+
+LOOPBACK_ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
+
+
+class LatencyUnsupported(RuntimeError):
+    """An added delay was asked for and this kernel cannot delay packets (no netem)."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +134,15 @@ class ShapedLink:
     rate: int | None
     reason: str | None = None
     burst: int | None = None
+    latency: float | None = None
 
     @property
     def shaped(self) -> bool:
+        return self.name is not None
+
+    @property
+    def in_namespaces(self) -> bool:
+        """Whether the ranks run in namespaces made for this run (where any port is free)."""
         return self.name is not None
 
     def wrap(self, cmd: list[str]) -> list[str]:
@@ -102,6 +150,15 @@ class ShapedLink:
         if self.name is None:
             return list(cmd)
         return [IP, "netns", "exec", self.name, *cmd]
+
+    def rank_command(self, cmd: list[str], rank: int) -> list[str]:
+        """Every rank shares the one namespace."""
+        return self.wrap(cmd)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        # gloo and tensorpipe otherwise pick the interface the hostname resolves to, which does
+        # not exist inside the namespace and would take the traffic off the shaped loopback.
+        return dict(LOOPBACK_ENV)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -172,7 +229,8 @@ def remove_stale_namespaces(name_prefix: str) -> list[str]:
     Only a SIGKILLed launcher leaves one behind; its name embeds the launcher's pid, so a
     namespace of a live run (this one's or a concurrent one's) is never touched.
     """
-    pattern = re.compile(rf"^{re.escape(name_prefix)}-(\d+)-[0-9a-f]+$")
+    # A cluster's namespaces add a role ("-sw", "-n3") to the same name.
+    pattern = re.compile(rf"^{re.escape(name_prefix)}-(\d+)-[0-9a-f]+(?:-[a-z0-9]+)?$")
     removed = []
     for name in list_namespaces():
         match = pattern.match(name)
@@ -233,7 +291,30 @@ def _warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def _try_create(name: str, bps: int, burst: int) -> str | None:
+def shape_device(namespace: str, device: str, bps: int | None, burst: int | None, delay: float | None) -> None:
+    """Rate-limit (tbf) and delay (netem, as the root, the tbf beneath it) what `device` sends.
+
+    Raises LatencyUnsupported when a delay is asked for and the kernel has no netem.
+    """
+    tc = ("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device)
+    tbf = ("tbf", "rate", f"{bps}bit", "burst", f"{burst}b", "latency", _LATENCY)
+    if delay is None:
+        if bps is not None:
+            _ip(*tc, "root", *tbf)
+        return
+    proc = _ip(*tc, "root", "handle", "1:", "netem", "delay", format_latency(delay), "limit", "100000", check=False)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        raise LatencyUnsupported(
+            f"cannot add a one-way delay of {format_latency(delay)}: tc could not create a netem qdisc "
+            f"({why}), which this kernel may lack; run without a latency (the links then have their "
+            "own, measured latency)"
+        )
+    if bps is not None:
+        _ip(*tc, "parent", "1:1", "handle", "10:", *tbf)
+
+
+def _try_create(name: str, bps: int | None, burst: int | None, delay: float | None) -> str | None:
     """Create and shape the namespace; the reason it could not be done, or None."""
     try:
         _ip("netns", "add", name)
@@ -241,24 +322,10 @@ def _try_create(name: str, bps: int, burst: int) -> str | None:
         return f"could not create a network namespace: {err}"
     try:
         _ip("netns", "exec", name, IP, "link", "set", "lo", "up")
-        _ip(
-            "netns",
-            "exec",
-            name,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            "lo",
-            "root",
-            "tbf",
-            "rate",
-            f"{bps}bit",
-            "burst",
-            f"{burst}b",
-            "latency",
-            _LATENCY,
-        )
+        shape_device(name, "lo", bps, burst, delay)
+    except LatencyUnsupported:
+        delete_namespace(name)
+        raise
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
         delete_namespace(name)
         return f"could not shape the namespace's loopback: {err}"
@@ -266,16 +333,20 @@ def _try_create(name: str, bps: int, burst: int) -> str | None:
 
 
 @contextlib.contextmanager
-def shaped_namespace(rate: str | int | None, name_prefix: str = "cocod") -> Iterator[ShapedLink]:
+def shaped_namespace(
+    rate: str | int | None, name_prefix: str = "cocod", latency: str | float | None = None
+) -> Iterator[ShapedLink]:
     """A fresh network namespace whose loopback runs at `rate`, deleted on exit whatever happens.
 
+    `latency` adds that one-way delay to every packet (netem; LatencyUnsupported without it).
     Without root, or when the namespace cannot be made, the block still runs, unshaped, and a
     one-line warning on stderr says so: a comparison that silently ran at full speed would be
     worse than no comparison.
     """
     bps = parse_rate(rate)
+    delay = parse_latency(latency)
     with terminate_as_exception():
-        if bps is None:
+        if bps is None and delay is None:
             yield ShapedLink(name=None, rate=None, reason="no rate requested")
             return
         if os.geteuid() != 0:
@@ -284,20 +355,20 @@ def shaped_namespace(rate: str | int | None, name_prefix: str = "cocod") -> Iter
             remove_stale_namespaces(name_prefix)
             # The pid lets remove_stale_namespaces tell a dead run's namespace from a live one.
             name = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
-            burst = burst_bytes(bps)
+            burst = burst_bytes(bps) if bps is not None else None
             created = False
             try:
                 # Held signals make setup all-or-nothing: an interrupt arriving mid-setup is
                 # raised only once `created` says whether there is a namespace to delete.
                 with signals_deferred():
-                    reason = _try_create(name, bps, burst)
+                    reason = _try_create(name, bps, burst, delay)
                     created = reason is None
                 if created:
-                    yield ShapedLink(name=name, rate=bps, burst=burst)
+                    yield ShapedLink(name=name, rate=bps, burst=burst, latency=delay)
                     return
             finally:
                 if created:
                     with signals_deferred():
                         delete_namespace(name)
-        _warn(f"running UNSHAPED instead of at {format_rate(bps)}: {reason}")
+        _warn(f"running UNSHAPED instead of at {describe_link(bps, delay)}: {reason}")
         yield ShapedLink(name=None, rate=None, reason=reason)

@@ -1,4 +1,8 @@
-"""Start the ranks of one gloo run as separate processes on 127.0.0.1, optionally behind a slow link.
+"""Start the ranks of one gloo run as separate processes, optionally behind slow links.
+
+By default every rank runs on 127.0.0.1 in one namespace whose loopback is shaped (one link the
+whole run shares); with ``topology="pernode"`` each rank runs in a namespace of its own behind
+its own shaped link to a common bridge (``cluster.py``), at its own address.
 
 Each rank is a `python -m MODULE` / `python SCRIPT` / `MODULE:FUNCTION` process given the env://
 variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, NODE_RANK). Because LOCAL_RANK is
@@ -26,7 +30,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.launch.netns import ShapedLink, shaped_namespace, signals_deferred
+from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
+from lightning_cocod.launch.cluster import Cluster, network
+from lightning_cocod.launch.netns import ShapedLink, Terminated, signals_deferred
 
 RESULT_ENV = "COCOD_RESULT_PATH"
 # Runs a "module:function" target. Inline, not a module of this package: importing anything under
@@ -69,6 +75,18 @@ class WorkerFailed(LaunchError):
     def __reduce__(self):
         # The default would call __init__ with the message alone and fail to unpickle in a parent.
         return type(self), (str(self), self.rank, self.returncode, self.stderr_tail, self.log_dir)
+
+
+class WorkersPreempted(LaunchError):
+    """Every rank stopped at the same step on a preemption signal (exit code 75), after writing
+    its checkpoint: the run can be resumed."""
+
+    def __init__(self, message: str, log_dir: str):
+        super().__init__(message)
+        self.log_dir = log_dir
+
+    def __reduce__(self):
+        return type(self), (str(self), self.log_dir)
 
 
 class WorkersTimedOut(LaunchError):
@@ -130,8 +148,8 @@ def worker_command(target: str | Callable, args: Sequence[Any], python: str) -> 
     return [python, "-m", target, *str_args], []
 
 
-def _free_port(link: ShapedLink) -> int:
-    if link.shaped:
+def _free_port(link: ShapedLink | Cluster) -> int:
+    if link.in_namespaces:
         # A namespace made for this run has no listeners yet: any port is free there.
         return random.randrange(*_PORT_RANGE)
     for _ in range(200):
@@ -146,7 +164,13 @@ def _free_port(link: ShapedLink) -> int:
 
 
 def _worker_env(
-    base: dict[str, str], rank: int, world_size: int, port: int, result: Path, pythonpath: list[str]
+    base: dict[str, str],
+    rank: int,
+    world_size: int,
+    port: int,
+    result: Path,
+    pythonpath: list[str],
+    network_env: dict[str, str],
 ) -> dict[str, str]:
     env = {
         k: v
@@ -156,19 +180,15 @@ def _worker_env(
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     env.update(
-        MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         WORLD_SIZE=str(world_size),
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         NODE_RANK="0",
-        # gloo and tensorpipe otherwise pick the interface the hostname resolves to, which does not
-        # exist inside the namespace and would take the traffic off the shaped loopback.
-        GLOO_SOCKET_IFNAME="lo",
-        TP_SOCKET_IFNAME="lo",
         # A killed worker's last words are what the failure report quotes.
         PYTHONUNBUFFERED="1",
     )
+    env.update(network_env)  # MASTER_ADDR and the interface gloo must use, per the topology
     env[RESULT_ENV] = str(result)
     return env
 
@@ -263,8 +283,15 @@ def launch_workers(
     python: str = sys.executable,
     cwd: str | os.PathLike | None = None,
     on_tick: Callable[[], None] | None = None,
+    topology: str = "loopback",
+    latency: str | float | None = None,
+    stop_grace_s: float = 300.0,
 ) -> list[Any]:
-    """Run `world_size` ranks of `target` on 127.0.0.1 over a loopback shaped to `rate`.
+    """Run `world_size` ranks of `target` over links shaped to `rate`.
+
+    `topology` "loopback": all ranks on 127.0.0.1 in one namespace, one shaped loopback for the
+    whole run; "pernode": each rank in its own namespace, its own link of `rate` each way to a
+    common bridge, rendezvous at rank 0's address. `latency` adds a one-way delay (netem).
 
     Returns each rank's result (what it passed to `write_result`, or the function's return value),
     ordered by rank. Raises WorkerFailed on the first rank to exit non-zero and WorkersTimedOut
@@ -272,6 +299,11 @@ def launch_workers(
     Logs are `rankN.stdout` / `rankN.stderr` in `output_dir`; without one, a temporary directory is
     used, removed after success and kept (and named in the error) after a failure. `on_tick` is
     called about twice a second while the workers run (a progress display).
+
+    Preemption: ranks that stop together on a signal exit with PREEMPTED_EXIT_CODE after writing
+    their checkpoint; once one does, the others get `stop_grace_s` to do the same, and
+    WorkersPreempted is raised. SIGTERM/SIGHUP to this process is passed on to the workers with
+    the same grace (they agree on a step and checkpoint), rather than killing them at once.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -284,7 +316,7 @@ def launch_workers(
     base_env = dict(os.environ if env is None else {**os.environ, **env})
 
     ok = False
-    with shaped_namespace(rate, name_prefix=name_prefix) as link:
+    with network(topology, world_size, rate, latency, name_prefix=name_prefix) as link:
         port = _free_port(link)
         procs: list[subprocess.Popen] = []
         exits: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -300,9 +332,15 @@ def launch_workers(
                     ):
                         procs.append(
                             subprocess.Popen(
-                                link.wrap(cmd),
+                                link.rank_command(cmd, rank),
                                 env=_worker_env(
-                                    base_env, rank, world_size, port, result_paths[rank], pythonpath
+                                    base_env,
+                                    rank,
+                                    world_size,
+                                    port,
+                                    result_paths[rank],
+                                    pythonpath,
+                                    link.rank_env(rank),
                                 ),
                                 cwd=cwd,
                                 stdin=subprocess.DEVNULL,
@@ -318,7 +356,18 @@ def launch_workers(
                         daemon=True,
                         name=f"cocod-wait-rank{rank}",
                     ).start()
-            _wait(procs, exits, timeout_s, log_dir, grace_s, on_tick)
+            pending = set(range(world_size))
+            try:
+                _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
+            except Terminated as stop:
+                _signal_groups([procs[r] for r in pending], signal.SIGTERM)
+                try:
+                    _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
+                except WorkersPreempted:
+                    raise
+                except LaunchError:
+                    raise stop from None
+                raise stop from None
             results = _read_results(world_size, result_paths, log_dir)
             ok = True
             return results
@@ -329,15 +378,40 @@ def launch_workers(
                     shutil.rmtree(log_dir, ignore_errors=True)
 
 
+def _await_preempted(
+    procs: list[subprocess.Popen], exits: queue.Queue, pending: set[int], log_dir: Path, grace_s: float,
+    stop_grace_s: float,
+) -> None:
+    """One rank left on a preemption: the others stop at the same step, each within a round."""
+    deadline = time.monotonic() + stop_grace_s
+    codes = []
+    while pending and time.monotonic() < deadline:
+        try:
+            rank, code = exits.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except queue.Empty:
+            continue
+        pending.discard(rank)
+        codes.append(code)
+    _terminate(procs, grace_s)
+    if not pending and all(code == PREEMPTED_EXIT_CODE for code in codes):
+        raise WorkersPreempted(
+            f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing their "
+            f"checkpoint (exit code {PREEMPTED_EXIT_CODE}); logs in {log_dir}",
+            str(log_dir),
+        )
+
+
 def _wait(
     procs: list[subprocess.Popen],
     exits: queue.Queue,
+    pending: set[int],
     timeout_s: float,
     log_dir: Path,
     grace_s: float,
     on_tick: Callable[[], None] | None = None,
+    stop_grace_s: float = 300.0,
 ) -> None:
-    pending = set(range(len(procs)))
+    """Until every rank in ``pending`` (updated in place) has exited."""
     deadline = time.monotonic() + timeout_s
     while pending:
         remaining = deadline - time.monotonic()
@@ -361,6 +435,8 @@ def _wait(
                 on_tick()
             continue
         pending.discard(rank)
+        if code == PREEMPTED_EXIT_CODE:
+            _await_preempted(procs, exits, pending, log_dir, grace_s, stop_grace_s)
         if code != 0:
             # Ranks that fail on their own soon after are usually reacting to this one (their
             # peer vanished), so they are only listed; those we terminate are not failures.

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
 from lightning_cocod.core.control import RequestFlags
+from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.strategies.checkpointing import (
     CheckpointError,
     atomic_save,
@@ -37,8 +38,6 @@ from lightning_cocod.strategies.checkpointing import (
 
 log = logging.getLogger(__name__)
 
-# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
-PREEMPTED_EXIT_CODE = 75
 # torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
 DEFAULT_TIMEOUT = timedelta(seconds=1800)
 _STOP, _CHECKPOINT = 0, 1  # slots of the request flags

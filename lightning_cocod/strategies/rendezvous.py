@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 from lightning_cocod.strategies.reliability import RendezvousError, first_line
 
+_ARRIVED = "lightning_cocod/ranks_arrived"
+
 
 def is_loopback(address: str) -> bool:
     try:
@@ -67,6 +69,16 @@ def _await_listener(host: str, port: int, deadline: float) -> None:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+def _count_in(store: dist.Store, world_size: int, deadline: float) -> None:
+    """Every rank adds itself, then waits until all have (or the deadline)."""
+    arrived = store.add(_ARRIVED, 1)
+    while arrived < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{arrived} of {world_size} ranks arrived")
+        time.sleep(0.05)
+        arrived = store.add(_ARRIVED, 0)
+
+
 def init_default_group(
     address: str, port: int, rank: int, world_size: int, backend: str, timeout: timedelta, device: torch.device
 ) -> bool:
@@ -94,9 +106,14 @@ def init_default_group(
             # The store gives up a little before the deadline, so its thread has ended by then
             # (a thread still inside it when the process exits would abort the process).
             remaining = timedelta(seconds=max(0.1, deadline - time.monotonic() - slack))
+            # The server does not wait for the clients in its constructor (a constructor that
+            # times out there leaves a thread behind that aborts the process at exit): the
+            # ranks count themselves in below, under the deadline.
             store = dist.TCPStore(
-                host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd
+                host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd,
+                wait_for_workers=False,
             )
+            _count_in(store, world_size, deadline - slack)
             store.set_timeout(timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
         except BaseException as err:  # noqa: BLE001 - reported on the calling thread

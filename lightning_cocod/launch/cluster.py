@@ -1,0 +1,288 @@
+"""A cluster on one machine: every worker in a namespace of its own, with its own shaped link.
+
+    switch namespace   br0 -- p0, p1, ... pN-1            tbf on pI: node I's download
+    node I namespace   cocod  10.213.0.(I+1)/24 (+ lo)    tbf on cocod: node I's upload
+
+Each node reaches the bridge through a veth pair whose two ends are both shaped to the per-node
+rate, so N workers behave as N machines with their own NICs on a non-blocking switch (the
+bridge forwards in software, far faster than the rates shaped here); an optional one-way delay
+(netem) sits on each node's upload. The shared-loopback topology (`netns.shaped_namespace`)
+instead squeezes all of a run's traffic through one pipe.
+
+The veth pairs are created from the switch namespace straight into the node namespaces, so the
+host's own namespace never holds an interface of a run: the bridge and veth names are unique
+because the namespaces holding them are (launcher pid + random), and deleting the namespaces
+removes everything, including what a SIGKILLed launcher left (`remove_stale_namespaces`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from lightning_cocod.launch import netns
+from lightning_cocod.launch.netns import (
+    LatencyUnsupported,
+    ShapedLink,
+    _ip,
+    _warn,
+    burst_bytes,
+    delete_namespace,
+    describe_link,
+    parse_latency,
+    parse_rate,
+    remove_stale_namespaces,
+    shape_device,
+    shaped_namespace,
+    signals_deferred,
+    terminate_as_exception,
+)
+
+TOPOLOGIES = ("loopback", "pernode")
+# Bytes a link may send at once after idling. A per-node link's bucket is small next to a
+# model (tokens saved while a worker computes would otherwise let part of every all-reduce pass
+# at full speed), but must hold what the link sends while the kernel's timer is late: 4 ms at
+# the rate (tbf's own rule of rate / HZ for the lowest common HZ) or 16 KiB (ten frames), whichever is more.
+_MIN_LINK_BURST = 16 * 1024
+NODE_IFNAME = "cocod"  # the same in every node namespace: GLOO_SOCKET_IFNAME names it
+SUBNET = "10.213.0"  # private, and only ever configured inside namespaces of a run
+MAX_NODES = 253  # host addresses .1-.253 of the /24
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What `pernode_cluster` set up: rank i runs in `nodes[i]` at `address(i)`."""
+
+    switch: str
+    nodes: tuple[str, ...]
+    rate: int | None
+    burst: int | None = None
+    latency: float | None = None
+
+    @property
+    def in_namespaces(self) -> bool:
+        return True
+
+    @staticmethod
+    def address(rank: int) -> str:
+        return f"{SUBNET}.{rank + 1}"
+
+    def wrap(self, cmd: Sequence[str], rank: int) -> list[str]:
+        return [netns.IP, "netns", "exec", self.nodes[rank], *cmd]
+
+    def rank_command(self, cmd: list[str], rank: int) -> list[str]:
+        return self.wrap(cmd, rank)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        # Rank 0's store listens on its node's address; gloo must use the node's own veth.
+        return {"MASTER_ADDR": self.address(0), "GLOO_SOCKET_IFNAME": NODE_IFNAME, "TP_SOCKET_IFNAME": NODE_IFNAME}
+
+
+Link = Cluster | ShapedLink  # what a run's ranks are started in: `rank_command`, `rank_env`
+
+
+def burst_of(topology: str, bps: int) -> int:
+    """The bucket, in bytes, of a link of this topology at `bps`."""
+    return burst_bytes(bps, floor=_MIN_LINK_BURST) if topology == "pernode" else burst_bytes(bps)
+
+
+def _check_nodes(nodes: int) -> None:
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"a per-node cluster has 1 to {MAX_NODES} nodes (one /24), got {nodes!r}")
+
+
+def _build(cluster: Cluster) -> None:
+    """Create the switch, then each node and its shaped veth pair; raises on the first failure."""
+    sw = cluster.switch
+    _ip("netns", "add", sw)
+    _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+    _ip("-n", sw, "link", "set", "br0", "up")
+    for rank, node in enumerate(cluster.nodes):
+        port = f"p{rank}"
+        _ip("netns", "add", node)
+        _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_IFNAME, "netns", node)
+        _ip("-n", sw, "link", "set", port, "master", "br0", "up")
+        _ip("-n", node, "addr", "add", f"{cluster.address(rank)}/24", "dev", NODE_IFNAME)
+        _ip("-n", node, "link", "set", NODE_IFNAME, "up")
+        _ip("-n", node, "link", "set", "lo", "up")
+        shape_device(node, NODE_IFNAME, cluster.rate, cluster.burst, cluster.latency)
+        shape_device(sw, port, cluster.rate, cluster.burst, None)
+
+
+def _delete(cluster: Cluster) -> None:
+    # Nodes first: deleting one removes its veth pair, so the switch goes last and empty.
+    for name in (*cluster.nodes, cluster.switch):
+        with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
+            delete_namespace(name)
+
+
+@contextlib.contextmanager
+def pernode_cluster(
+    nodes: int, rate: str | int | None, latency: str | float | None = None, name_prefix: str = "cocod"
+) -> Iterator[Link]:
+    """`nodes` namespaces on one bridge, each link shaped to `rate` both ways, deleted on exit.
+
+    Without root, or when the topology cannot be built, the block runs on the plain loopback
+    (an unshaped ShapedLink) and a one-line warning says so, as `shaped_namespace` does; a
+    latency on a kernel without netem raises LatencyUnsupported instead, leaving nothing behind.
+    """
+    _check_nodes(nodes)
+    bps, delay = parse_rate(rate), parse_latency(latency)
+    with terminate_as_exception():
+        if os.geteuid() != 0:
+            reason = "network namespaces need root"
+        else:
+            remove_stale_namespaces(name_prefix)
+            base = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
+            cluster = Cluster(
+                switch=f"{base}-sw",
+                nodes=tuple(f"{base}-n{rank}" for rank in range(nodes)),
+                rate=bps,
+                burst=burst_of("pernode", bps) if bps is not None else None,
+                latency=delay,
+            )
+            reason = None
+            try:
+                # Held signals: an interrupt mid-setup is raised only in the `finally` below,
+                # which deletes whatever part of the topology exists by then.
+                with signals_deferred():
+                    try:
+                        _build(cluster)
+                    except LatencyUnsupported:
+                        raise
+                    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+                        reason = f"could not build the per-node topology: {err}"
+                if reason is None:
+                    yield cluster
+                    return
+            finally:
+                with signals_deferred():
+                    _delete(cluster)
+        _warn(f"running UNSHAPED on one loopback instead of per-node links at {describe_link(bps, delay)}: {reason}")
+        yield ShapedLink(name=None, rate=None, reason=reason)
+
+
+def network(
+    topology: str, nodes: int, rate: str | int | None, latency: str | float | None = None, name_prefix: str = "cocod"
+) -> contextlib.AbstractContextManager[Link]:
+    """The links of a run: one shared loopback ("loopback") or a link per node ("pernode")."""
+    if topology == "loopback":
+        return shaped_namespace(rate, name_prefix=name_prefix, latency=latency)
+    if topology == "pernode":
+        return pernode_cluster(nodes, rate, latency, name_prefix=name_prefix)
+    raise ValueError(f"topology {topology!r} is not understood; accepted: {', '.join(TOPOLOGIES)}")
+
+
+# -- measuring the links ------------------------------------------------------------------------
+
+# Run with `python -c` inside the namespaces: stdlib only, so a probe costs a bare interpreter.
+# "serve ADDR NBYTES COUNT": print the port; then receive NBYTES and answer b"k" (a transfer), or
+# echo COUNT single bytes (round trips). "send ADDR PORT NBYTES COUNT START": at monotonic time
+# START, do the same from the other side and print when the transfer began and ended (monotonic
+# seconds, the machine's clock in every namespace), or the seconds of each trip.
+_PROBE = """\
+import socket, sys, time
+role, addr, *rest = sys.argv[1:]
+if role == "serve":
+    nbytes, count = map(int, rest)
+    with socket.create_server((addr, 0)) as server:
+        print(server.getsockname()[1], flush=True)
+        conn, _ = server.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            received = 0
+            while received < nbytes:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    raise SystemExit(f"peer closed after {received} of {nbytes} bytes")
+                received += len(chunk)
+            if nbytes:
+                conn.sendall(b"k")
+            for _ in range(count):
+                conn.sendall(conn.recv(1))
+else:
+    port, nbytes, count = map(int, rest[:3])
+    start = float(rest[3])
+    with socket.create_connection((addr, port)) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        time.sleep(max(0.0, start - time.monotonic()))
+        if nbytes:
+            began = time.monotonic()
+            conn.sendall(b"x" * nbytes)
+            if conn.recv(1) != b"k":
+                raise SystemExit("no acknowledgement from the receiver")
+            print(began, time.monotonic())
+        for _ in range(count):
+            began = time.perf_counter()
+            conn.sendall(b"p")
+            if conn.recv(1) != b"p":
+                raise SystemExit("the echo was lost")
+            print(time.perf_counter() - began)
+"""
+
+
+def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int, timeout_s: float) -> list[list[float]]:
+    python = sys.executable
+    servers, clients = [], []
+
+    def address(rank: int) -> str:
+        return link.rank_env(rank)["MASTER_ADDR"] if isinstance(link, ShapedLink) else link.address(rank)
+
+    try:
+        for _, dst in flows:
+            cmd = [python, "-c", _PROBE, "serve", address(dst), str(nbytes), str(count)]
+            servers.append(
+                subprocess.Popen(
+                    link.rank_command(cmd, dst), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+                )
+            )
+        ports = [server.stdout.readline().strip() for server in servers]
+        # A common start, so concurrent flows overlap although their interpreters start apart.
+        start = time.monotonic() + 0.5 + 0.1 * len(flows)
+        for (src, dst), port in zip(flows, ports):
+            cmd = [python, "-c", _PROBE, "send", address(dst), port, str(nbytes), str(count), repr(start)]
+            clients.append(
+                subprocess.Popen(
+                    link.rank_command(cmd, src), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+                )
+            )
+        outputs = []
+        for client in clients:
+            out, _ = client.communicate(timeout=timeout_s)
+            if client.returncode != 0:
+                raise RuntimeError(f"link probe failed (exit code {client.returncode}); output: {out.strip()!r}")
+            outputs.append([float(line) for line in out.split()])
+        return outputs
+    finally:
+        for proc in (*clients, *servers):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+
+def transfer_times(
+    link: Link, flows: Sequence[tuple[int, int]], nbytes: int, timeout_s: float = 60
+) -> list[tuple[float, float]]:
+    """When each (source rank, destination rank) flow began and finished delivering `nbytes`
+    (time.monotonic), all started together (unless an interpreter starts later than 0.5 s)."""
+    return [(times[0], times[1]) for times in _probe(link, flows, nbytes, 0, timeout_s)]
+
+
+def round_trip_seconds(link: Link, src: int = 0, dst: int = 1, count: int = 200) -> float:
+    """Median round trip of one byte between two ranks over TCP (no Nagle): twice the one-way latency
+    plus two passes through each side's network stack."""
+    return statistics.median(_probe(link, [(src, dst)], 0, count, 30)[0])
+
+
+def measured_round_trip(topology: str, rate: str | int | None, latency: str | float | None = None) -> float | None:
+    """The round trip between two ranks of a fresh network of this kind; None when it would run
+    unshaped on the host (no root), which says nothing about the links asked for."""
+    with network(topology, 2, rate, latency, name_prefix="cocod-probe") as link:
+        return round_trip_seconds(link) if link.in_namespaces else None

@@ -1,0 +1,369 @@
+"""cocod-plan: every method's step time from a performance model, and the period to use.
+
+    cocod-plan --workers 64 --bandwidth 10gbit --latency 50us --model resnet18 --step-ms 60
+    cocod-plan --workers 16,32,64,128,256 --bandwidth 1gbit --model vgg16 --step-ms 45 --jitter 0.05
+    cocod-plan --validate runs/bench-.../bench.json   # predicted against measured, every run
+
+The model, per optimizer step (t_c: compute time per step; S: model bytes; N workers):
+
+* all-reduce (ring): T(S) = 2 (N-1) (alpha + S / (N B)), B = efficiency x the per-node rate in
+  bytes/s each way, alpha the one-way latency of a message. On one shared link (``--topology
+  loopback``) all N workers' traffic crosses the same pipe: T(S) = 2 (N-1) (alpha + S / B), N
+  times as long. A link that idled keeps a bucket of ``--burst`` bytes it sends at once:
+  T(S) - burst / B. A tiny all-reduce (flags, figures) costs t_0 = 2 (N-1) alpha.
+* S-SGD: t_c + max(0, T(S) - overlap t_c) + t_0: DDP's gradient buckets go out while backward
+  still runs, hiding up to ``overlap`` of a step; a model in one bucket hides nothing.
+* Pipe-SGD: max(t_c + t_round, T(S) + t_0): step t's gradients travel during step t+1.
+* Local-SGD tau: t_c + (t_0 + T(S) + t_round) / tau: a blocking average every tau steps.
+* CoCoD-SGD tau: (t_round + max(tau t_c, T(S) + t_0)) / tau: the round-start model travels
+  while tau steps compute; t_round is the round's own work (snapshot, checks, merge).
+* tau="auto": the period the strategy's own rule picks (``core.adapt.AdaptivePeriod``: smallest
+  tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures.
+* ``--jitter c``: each worker's step time i.i.d. with coefficient of variation c. A barrier
+  every step (S-SGD, Pipe-SGD) waits for the slowest of N: t_c (1 + c e_N), e_N the expected
+  maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD)
+  for the slowest sum of tau: t_c (1 + c e_N / sqrt(tau)) per step.
+
+Assumed: communication takes no compute from the steps (a GPU's copy engines and NIC, not a
+CPU's cores); the links are the only bottleneck (a non-blocking switch); every worker is as fast
+as every other apart from the jitter. ``--validate`` calibrates the model on a cocod-bench run
+(t_c from its bound, alpha from its measured round trip, the efficiency from one all-reduce
+timing) and prints its prediction of every step time measured there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from lightning_cocod.core.adapt import AdaptivePeriod
+from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
+from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency, parse_rate
+
+# fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
+# methods average with them; classes of CIFAR-10 unless named.
+MODEL_BYTES = {
+    "resnet18": 4 * (11_173_962 + 9_600),
+    "vgg16": 4 * (14_728_266 + 8_448),
+    "vgg16_c100": 4 * (14_774_436 + 8_448),
+    "small_cnn": 4 * (147_994 + 576),
+}
+# Share of a step during which S-SGD's gradient buckets travel while backward still runs.
+# ResNet18: calibrated on this project's 2-worker ResNet18 benchmark (README: 1.34 s bound, 3.02 s
+# S-SGD on a 300 Mbit/s loopback, whose all-reduce takes 2.49 s by this model); VGG16 is assumed
+# alike; SmallCNN's gradients fit DDP's first bucket, sent only when backward ends.
+OVERLAP = {"resnet18": 0.6, "vgg16": 0.6, "vgg16_c100": 0.6, "small_cnn": 0.0}
+# Bytes of model per second of a CoCoD round's own work (snapshot, finite check, launch, merge:
+# about six passes over the model through memory). cpu: measured here (ResNet18: ~0.03 s a round,
+# README); gpu: assumed, six passes at ~300 GB/s of a GTX 1080Ti-class GPU's 484 GB/s.
+ROUND_BYTES_PER_SECOND = {"cpu": 1.5e9, "gpu": 50e9}
+# TCP/IP over Ethernet: 1448 bytes of payload in a 1514-byte frame (what tbf counts).
+EFFICIENCY = 1448 / 1514
+METHODS = ("ssgd", "pipe_sgd", "local_sgd", "cocod")
+NAMES = {"bound": "compute only", "ssgd": "S-SGD", "pipe_sgd": "Pipe-SGD", "local_sgd": "Local-SGD", "cocod": "CoCoD-SGD"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    step_seconds: float  # t_c: compute of one step, no communication
+    model_bytes: int
+    workers: int
+    bandwidth_bps: int  # per node, each way
+    latency_seconds: float  # alpha: one message, one way
+    round_seconds: float = 0.0
+    overlap: float = 0.0
+    jitter: float = 0.0  # coefficient of variation of one worker's step time
+    efficiency: float = EFFICIENCY
+    burst_bytes: int = 0
+    topology: str = "pernode"
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.efficiency * self.bandwidth_bps / 8
+
+
+def allreduce_seconds(s: Setting, nbytes: float | None = None) -> float:
+    """A ring all-reduce of `nbytes` (default: the model) on these links."""
+    nbytes = s.model_bytes if nbytes is None else nbytes
+    n = s.workers
+    if n < 2:
+        return 0.0
+    hops = 2 * (n - 1)
+    chunk = nbytes if s.topology == "loopback" else nbytes / n
+    wire = hops * chunk / s.bytes_per_second
+    return hops * s.latency_seconds + max(0.0, wire - s.burst_bytes / s.bytes_per_second)
+
+
+@cache
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n=1), by Simpson's rule."""
+    if n <= 1:
+        return 0.0
+    lo, hi, steps = -9.0, 9.0, 3600
+    h = (hi - lo) / steps
+
+    def density_of_max(x: float) -> float:
+        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
+        return x * n * pdf * cdf ** (n - 1)
+
+    total = density_of_max(lo) + density_of_max(hi)
+    total += sum((4 if i % 2 else 2) * density_of_max(lo + i * h) for i in range(1, steps))
+    return total * h / 3
+
+
+def _compute(s: Setting, barrier_every: int) -> float:
+    """Compute per step when the workers wait for each other every `barrier_every` steps."""
+    return s.step_seconds * (1 + s.jitter * expected_max_of_normals(s.workers) / math.sqrt(barrier_every))
+
+
+def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
+    """The model's time per optimizer step of `method` ("bound" is compute only)."""
+    t_ar, t_0 = allreduce_seconds(s), allreduce_seconds(s, 0)
+    if method == "bound":
+        return s.step_seconds
+    if method == "ssgd":
+        return _compute(s, 1) + max(0.0, t_ar - s.overlap * s.step_seconds) + t_0
+    if method == "pipe_sgd":
+        return max(_compute(s, 1) + s.round_seconds, t_ar + t_0)
+    if method == "local_sgd":
+        return _compute(s, tau) + (t_0 + t_ar + s.round_seconds) / tau
+    if method == "cocod":
+        return (s.round_seconds + max(tau * _compute(s, tau), t_ar + t_0)) / tau
+    raise ValueError(f"method {method!r} is not one of bound, {', '.join(METHODS)}")
+
+
+def auto_period(s: Setting, tau_min: int = 1, tau_max: int = 64) -> int:
+    """The period CoCoDStrategy(tau="auto") settles on when it measures these figures."""
+    rule = AdaptivePeriod(tau_min, tau_max)
+    for _ in range(rule.patience + 1):  # a shorter period is taken after `patience` rounds ask for it
+        tau = rule.update(allreduce_seconds(s) + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds)
+    return tau
+
+
+def predict(s: Setting, method: str, tau: int | str = 4) -> tuple[float, int | None]:
+    """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule."""
+    if method in ("local_sgd", "cocod"):
+        period = auto_period(s) if tau == "auto" else int(tau)
+        return step_seconds(s, method, period), period
+    return step_seconds(s, method), None
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def plan_table(s: Setting, tau: int) -> tuple[str, str]:
+    """The table of every method at one setting, and the recommendation."""
+    ssgd = step_seconds(s, "ssgd")
+    entries = [("bound", None), ("ssgd", None), ("pipe_sgd", None), ("local_sgd", tau), ("cocod", tau), ("cocod", "auto")]
+    rows = []
+    for method, period in entries:
+        seconds, used = predict(s, method, period if period is not None else 1)
+        name = NAMES[method] + (f" tau={period}" + (f" ({used})" if period == "auto" else "") if period else "")
+        rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
+    table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
+    best = auto_period(s)
+    seconds = step_seconds(s, "cocod", best)
+    advice = (
+        f"recommended: CoCoD-SGD tau={best} (tau=\"auto\" settles there): {ssgd / seconds:.2f}x faster than "
+        f"S-SGD, {seconds / s.step_seconds:.2f}x of compute only; the all-reduce takes "
+        f"{1e3 * allreduce_seconds(s):.1f} ms, {allreduce_seconds(s) / s.step_seconds:.2f} steps of compute. "
+        "The smallest period that hides it: a longer one saves little time and averages the models less often"
+    )
+    return table, advice
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cocod-plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--validate", metavar="BENCH_JSON", help="predict every run of a cocod-bench output")
+    parser.add_argument("--workers", default="16", help="worker count(s), e.g. 64 or 16,32,64,128,256")
+    parser.add_argument("--bandwidth", default="10gbit", help="per-node rate each way, e.g. 10gbit, 100mbit")
+    parser.add_argument("--latency", default="50us", help="one-way latency of a message, e.g. 50us")
+    parser.add_argument("--model", default="resnet18", choices=sorted(MODEL_BYTES), help="model preset")
+    parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
+    parser.add_argument("--step-ms", type=float, default=None, help="compute time of one step, ms (required)")
+    parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and fixed-period CoCoD-SGD")
+    parser.add_argument("--jitter", type=float, default=0.0, help="coefficient of variation of a step's time")
+    parser.add_argument("--overlap", type=float, default=None, help="share of a step S-SGD overlaps (default: preset)")
+    parser.add_argument("--round-ms", type=float, default=None, help="a CoCoD round's own work, ms (default: --device)")
+    parser.add_argument(
+        "--device", default="gpu", choices=sorted(ROUND_BYTES_PER_SECOND), help="what the round's own work runs on"
+    )
+    parser.add_argument("--efficiency", type=float, default=EFFICIENCY, help="payload share of the link rate")
+    parser.add_argument("--topology", default="pernode", choices=TOPOLOGIES)
+    args = parser.parse_args(argv)
+    if args.validate:
+        return args
+    try:
+        args.worker_counts = [int(t) for t in args.workers.split(",") if t.strip()]
+        if not args.worker_counts or min(args.worker_counts) < 2:
+            raise ValueError(f"--workers {args.workers!r} is not understood: counts of at least 2, e.g. 64 or 16,64")
+        args.bandwidth_bps = parse_rate(args.bandwidth)
+        if args.bandwidth_bps is None:
+            raise ValueError(f"--bandwidth {args.bandwidth!r}: a plan needs a finite rate, e.g. 10gbit")
+        args.latency_seconds = parse_latency(args.latency) or 0.0
+    except ValueError as err:
+        parser.error(str(err).replace("invalid literal for int() with base 10", "--workers: not a count"))
+    checks = [
+        (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
+        (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
+        (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
+        (args.overlap is None or 0 <= args.overlap <= 1, f"--overlap is a share of a step in [0, 1], got {args.overlap}"),
+        (args.round_ms is None or args.round_ms >= 0, f"--round-ms must be >= 0, got {args.round_ms}"),
+        (0 < args.efficiency <= 1, f"--efficiency is a share in (0, 1], got {args.efficiency}"),
+        (args.model_bytes is None or args.model_bytes > 0, f"--model-bytes must be positive, got {args.model_bytes}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            parser.error(message)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.validate:
+        try:
+            figures = json.loads(Path(args.validate).read_text())
+            rows = validate(figures)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"cocod-plan: cannot validate against {args.validate}: {type(err).__name__}: {err}") from None
+        print(validation_table(rows))
+        return 0
+    model_bytes = args.model_bytes or MODEL_BYTES[args.model]
+    overlap = args.overlap if args.overlap is not None else (0.0 if args.model_bytes else OVERLAP[args.model])
+    round_seconds = (
+        args.round_ms / 1e3 if args.round_ms is not None else model_bytes / ROUND_BYTES_PER_SECOND[args.device]
+    )
+    print(
+        f"cocod-plan: {args.model_bytes and 'a model' or args.model} of {model_bytes / 1e6:.1f} MB, "
+        f"{args.step_ms:g} ms of compute per step, {format_rate(args.bandwidth_bps)} per node "
+        f"({args.topology}), {format_latency(args.latency_seconds or None)} latency, jitter {args.jitter:g}, "
+        f"S-SGD overlap {overlap:g} of a step, round's own work {1e3 * round_seconds:.2f} ms, "
+        f"link efficiency {args.efficiency:.3f}"
+    )
+    for workers in args.worker_counts:
+        s = Setting(
+            step_seconds=args.step_ms / 1e3, model_bytes=model_bytes, workers=workers,
+            bandwidth_bps=args.bandwidth_bps, latency_seconds=args.latency_seconds, round_seconds=round_seconds,
+            overlap=overlap, jitter=args.jitter, efficiency=args.efficiency, topology=args.topology,
+        )
+        table, advice = plan_table(s, args.tau)
+        print(f"\n{workers} workers\n\n{table}\n\n{advice}")
+    return 0
+
+
+# -- against a benchmark -------------------------------------------------------------------------
+
+
+def calibrate(figures: dict[str, Any]) -> tuple[float, float, str]:
+    """(latency, efficiency, how) from a cocod-bench output: half the measured round trip, and
+    the efficiency that makes the model's all-reduce last as long as one Local-SGD round's did
+    (fewest workers, first shaped rate); the nominal efficiency when no such round was measured."""
+    latency = (figures["link"].get("round_trip_seconds") or 0.0) / 2
+    fewest = min(figures["workers"], key=int)
+    for bps in filter(None, figures["args"]["rate_bps"]):
+        for name, by_rate in figures["workers"][fewest]["methods"].items():
+            measured = by_rate[str(bps)].get("comm_seconds_per_round")
+            if by_rate[str(bps)].get("method") != "local_sgd" or not measured:
+                continue
+            s = _setting(figures, int(fewest), bps, latency, efficiency=1.0)
+            fixed = allreduce_seconds(s, 0)  # the latency part, which the efficiency does not scale
+            if measured <= fixed:
+                break
+            return latency, (allreduce_seconds(s) - fixed) / (measured - fixed), (
+                f"one {name} all-reduce at {fewest} workers, {format_rate(bps)}: {1e3 * measured:.0f} ms"
+            )
+    return latency, EFFICIENCY, "nominal: no Local-SGD all-reduce was measured"
+
+
+def _setting(figures: dict[str, Any], workers: int, bps: int, latency: float, efficiency: float) -> Setting:
+    args = figures["args"]
+    bound = figures["workers"][str(workers)]["bound"]
+    model_bytes = bound["model_bytes"]
+    return Setting(
+        step_seconds=bound["step_seconds"], model_bytes=model_bytes, workers=workers, bandwidth_bps=bps,
+        latency_seconds=latency, round_seconds=model_bytes / ROUND_BYTES_PER_SECOND["cpu"],
+        overlap=OVERLAP.get(args["model"], 0.0), efficiency=efficiency,
+        burst_bytes=burst_of(args["topology"], bps), topology=args["topology"],
+    )
+
+
+def validate(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's step time for every method, rate and worker count a cocod-bench run measured:
+    from the median of the worker count's bound runs, and from the fastest and the slowest of
+    them (how far the machine's own drift alone moves the prediction)."""
+    latency, efficiency, how = calibrate(figures)
+    rows = []
+    for workers, by_workers in sorted(figures["workers"].items(), key=lambda kv: int(kv[0])):
+        bound = by_workers["bound"]
+        spread = bound.get("step_seconds_runs") or [bound["step_seconds"]]
+        for bps in filter(None, figures["args"]["rate_bps"]):
+            s = _setting(figures, int(workers), bps, latency, efficiency)
+            for name, by_rate in by_workers["methods"].items():
+                f = by_rate[str(bps)]
+                tau = f.get("tau") or 1
+                predicted, period = predict(s, f["method"], tau)
+                low, high = (predict(replace(s, step_seconds=t), f["method"], tau)[0] for t in (min(spread), max(spread)))
+                rows.append({
+                    "workers": int(workers), "rate_bps": bps, "method": name, "measured": f["step_seconds"],
+                    "predicted": predicted, "predicted_range": [low, high], "error": predicted / f["step_seconds"] - 1,
+                    # The model's all-reduce, launch to completion, against the run's (median of rounds).
+                    "allreduce": [f.get("comm_seconds_per_round"), allreduce_seconds(s)],
+                    "period": period, "measured_periods": f.get("taus"),
+                    "latency_seconds": latency, "efficiency": efficiency, "calibrated_on": how,
+                })
+    return rows
+
+
+def validation_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no shaped run to predict)"
+    table = markdown_table(
+        [
+            "workers", "link", "method", "measured s", "predicted s", "error", "predicted, bound's min-max",
+            "tau (model / run)", "all-reduce s (run / model)",
+        ],
+        [
+            [
+                str(r["workers"]), format_rate(r["rate_bps"]), r["method"], f"{r['measured']:.3f}",
+                f"{r['predicted']:.3f}", f"{100 * r['error']:+.0f}%",
+                "{:.3f}-{:.3f}".format(*r["predicted_range"]) + (
+                    " (holds it)" if r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] else ""
+                ),
+                f"{r['period']} / {', '.join(map(str, r['measured_periods'] or []))}" if r["period"] else "",
+                "{:.3f} / {:.3f}".format(*r["allreduce"]) if r["allreduce"][0] else "",
+            ]
+            for r in rows
+        ],
+    )
+    errors = [abs(r["error"]) for r in rows]
+    within = sum(e <= 0.15 for e in errors)
+    held = sum(r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] for r in rows)
+    summary = (
+        f"calibration: latency {1e6 * rows[0]['latency_seconds']:.0f} us (half the measured round trip), "
+        f"link efficiency {rows[0]['efficiency']:.3f} ({rows[0]['calibrated_on']}), compute per step from "
+        f"each worker count's bound runs (median); {within} of {len(rows)} step times within 15%, {held} within "
+        f"the range the bound runs' spread gives; median error {100 * statistics.median(errors):.0f}%, "
+        f"largest {100 * max(errors):.0f}%"
+    )
+    return f"{table}\n\n{summary}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The performance model against cases computed by hand, and the command around it.
+
+The hand setting: 4 workers, a 4 MB model, 80 Mbit/s (10 MB/s) per node at full efficiency,
+0.1 ms latency, 0.1 s of compute and 1 ms of a round's own work per step. A ring all-reduce
+is 2 (N-1) = 6 hops, each of 0.1 ms plus a quarter of the model (1 MB, 0.1 s):
+T = 6 x 0.1001 = 0.6006 s, and a tiny all-reduce t_0 = 6 x 0.1 ms = 0.6 ms.
+"""
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lightning_cocod import plan
+from lightning_cocod.plan import (
+    Setting,
+    allreduce_seconds,
+    auto_period,
+    expected_max_of_normals,
+    step_seconds,
+)
+
+HAND = Setting(
+    step_seconds=0.1, model_bytes=4_000_000, workers=4, bandwidth_bps=80_000_000,
+    latency_seconds=1e-4, round_seconds=0.001, efficiency=1.0,
+)
+
+
+def with_(**changes) -> Setting:
+    from dataclasses import replace
+
+    return replace(HAND, **changes)
+
+
+@pytest.mark.timeout(10)
+def test_ring_allreduce_on_per_node_links():
+    assert allreduce_seconds(HAND) == pytest.approx(0.6006)
+    assert allreduce_seconds(HAND, 0) == pytest.approx(0.0006)
+    # 80% efficiency: the wire part takes 1/0.8 as long, the latency part does not change.
+    assert allreduce_seconds(with_(efficiency=0.8)) == pytest.approx(0.0006 + 0.6 / 0.8)
+    assert allreduce_seconds(with_(workers=1)) == 0.0
+
+
+@pytest.mark.timeout(10)
+def test_one_shared_link_carries_every_workers_traffic():
+    # Each hop moves N chunks of S/N through the same pipe: S per hop, 0.4 s.
+    assert allreduce_seconds(with_(topology="loopback")) == pytest.approx(6 * (1e-4 + 0.4))
+
+
+@pytest.mark.timeout(10)
+def test_a_full_bucket_sends_its_bytes_at_once():
+    assert allreduce_seconds(with_(burst_bytes=100_000)) == pytest.approx(0.6006 - 0.01)
+    # Never below the latency part.
+    assert allreduce_seconds(with_(burst_bytes=10**9)) == pytest.approx(0.0006)
+
+
+@pytest.mark.timeout(10)
+def test_step_time_of_every_method_by_hand():
+    assert step_seconds(HAND, "bound") == pytest.approx(0.1)
+    assert step_seconds(HAND, "ssgd") == pytest.approx(0.1 + 0.6006 + 0.0006)
+    assert step_seconds(with_(overlap=0.5), "ssgd") == pytest.approx(0.1 + (0.6006 - 0.05) + 0.0006)
+    assert step_seconds(HAND, "pipe_sgd") == pytest.approx(0.6012)  # the link, not compute, sets the pace
+    assert step_seconds(HAND, "local_sgd", 4) == pytest.approx(0.1 + (0.0006 + 0.6006 + 0.001) / 4)
+    assert step_seconds(HAND, "cocod", 4) == pytest.approx((0.001 + 0.6012) / 4)  # 4 steps do not hide it
+    assert step_seconds(HAND, "cocod", 8) == pytest.approx((0.001 + 0.8) / 8)  # 8 do
+    with pytest.raises(ValueError, match="'adam' is not one of bound, ssgd"):
+        step_seconds(HAND, "adam")
+
+
+@pytest.mark.timeout(10)
+def test_auto_period_is_the_strategys_rule():
+    # Hide: tau * 0.1 >= 1.2 * 0.6012 -> tau >= 7.21 -> 8; amortise: 0.001 <= 0.01 * tau * 0.1 -> 1.
+    assert auto_period(HAND) == 8
+    # 10 GB/s: T = 6 x 0.2 ms, hiding needs 1 step, but 5 ms of own work needs 5 steps to be 1%.
+    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 5
+    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx((0.001 + 0.8) / 8), 8)
+
+
+@pytest.mark.timeout(10)
+def test_expected_maximum_of_normals_matches_closed_forms():
+    assert expected_max_of_normals(1) == 0.0
+    assert expected_max_of_normals(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_of_normals(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert expected_max_of_normals(5) == pytest.approx(1.162964, abs=1e-5)  # tables of normal order statistics
+
+
+@pytest.mark.timeout(10)
+def test_jitter_is_paid_every_step_by_ssgd_and_once_a_round_by_cocod():
+    fast = with_(bandwidth_bps=80_000_000_000, workers=2, jitter=0.1)  # communication almost free
+    e2 = 1 / math.sqrt(math.pi)
+    t_ar, t_0 = allreduce_seconds(fast), allreduce_seconds(fast, 0)
+    assert step_seconds(fast, "ssgd") == pytest.approx(0.1 * (1 + 0.1 * e2) + t_ar + t_0)
+    # The slowest of two sums of 4 steps: sigma * sqrt(4) * e2 over 4 steps.
+    assert step_seconds(fast, "cocod", 4) == pytest.approx((0.001 + 4 * 0.1 * (1 + 0.1 * e2 / 2)) / 4)
+
+
+def _bench_figures(comm_seconds_per_round: float) -> dict:
+    """A cocod-bench output at the hand setting (small_cnn: no S-SGD overlap)."""
+    methods = {
+        "S-SGD": {"method": "ssgd", "tau": None, "taus": None, "step_seconds": 0.9},
+        "Local-SGD tau=4": {
+            "method": "local_sgd", "tau": 4, "taus": [4], "step_seconds": 0.3,
+            "comm_seconds_per_round": comm_seconds_per_round,
+        },
+        "CoCoD-SGD tau=auto": {"method": "cocod", "tau": "auto", "taus": [4, 8], "step_seconds": 0.12},
+    }
+    return {
+        "args": {"rate_bps": [80_000_000], "topology": "pernode", "model": "small_cnn"},
+        "link": {"round_trip_seconds": 2e-4},
+        "workers": {
+            "4": {
+                "bound": {"step_seconds": 0.1, "model_bytes": 4_000_000},
+                "methods": {name: {"80000000": f} for name, f in methods.items()},
+            }
+        },
+    }
+
+
+@pytest.mark.timeout(10)
+def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
+    # The per-node bucket at 80 Mbit/s: 4 ms of the rate, 40 kB. At 80% efficiency the
+    # all-reduce is 0.6 ms + (6 MB - 40 kB) / (0.8 x 10 MB/s) = 0.7456 s.
+    figures = _bench_figures(0.0006 + 5.96e6 / 8e6)
+    latency, efficiency, how = plan.calibrate(figures)
+    assert latency == pytest.approx(1e-4) and efficiency == pytest.approx(0.8)
+    assert "Local-SGD tau=4" in how and "4 workers" in how
+    rows = {r["method"]: r for r in plan.validate(figures)}
+    t_ar, round_seconds = 0.7456, 4e6 / 1.5e9  # a CPU worker's round
+    assert rows["S-SGD"]["predicted"] == pytest.approx(0.1 + t_ar + 0.0006)
+    assert rows["S-SGD"]["error"] == pytest.approx((0.1 + t_ar + 0.0006) / 0.9 - 1)
+    assert rows["Local-SGD tau=4"]["predicted"] == pytest.approx(0.1 + (0.0006 + t_ar + round_seconds) / 4)
+    # tau="auto": hide 1.2 x 0.7462 / 0.1 -> 9; amortise 2.7 ms / 1 ms -> 3.
+    auto = rows["CoCoD-SGD tau=auto"]
+    assert auto["period"] == 9 and auto["predicted"] == pytest.approx((round_seconds + 0.9) / 9)
+    table = plan.validation_table(list(rows.values()))
+    assert "CoCoD-SGD tau=auto" in table and "9 / 4, 8" in table and "efficiency 0.800" in table
+
+
+@pytest.mark.timeout(10)
+def test_without_a_measured_allreduce_the_nominal_efficiency_is_used():
+    figures = _bench_figures(None)
+    assert plan.calibrate(figures)[1:] == (plan.EFFICIENCY, "nominal: no Local-SGD all-reduce was measured")
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_the_command_prints_every_method_and_a_period(capsys):
+    started = time.perf_counter()
+    assert plan.main(["--workers", "16,64", "--bandwidth", "10gbit", "--latency", "50us", "--model", "resnet18",
+                      "--step-ms", "60"]) == 0
+    assert time.perf_counter() - started < 1.0
+    out = capsys.readouterr().out
+    for name in ("compute only", "S-SGD", "Pipe-SGD", "Local-SGD tau=4", "CoCoD-SGD tau=4", "CoCoD-SGD tau=auto"):
+        assert out.count(f"| {name}") == 2  # one table per worker count
+    # 64 workers, by hand: T = 126 x (50 us + 44.73 MB / 64 / (0.956 x 1.25 GB/s)) = 80.0 ms,
+    # t_0 = 6.3 ms; hide: 1.2 x 86.3 / 60 -> 2; a GPU round (0.89 ms) within 1%: 0.89 / 0.6 -> 2.
+    sixty_four = out.split("64 workers")[1]
+    assert "recommended: CoCoD-SGD tau=2 " in sixty_four and "the all-reduce takes 80.0 ms" in sixty_four
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--bandwidth", "10gbps", "--step-ms", "60"], "rate '10gbps' is not understood"),
+        (["--bandwidth", "none", "--step-ms", "60"], "a plan needs a finite rate"),
+        (["--latency", "5 us", "--step-ms", "60"], "latency '5 us' is not understood"),
+        (["--workers", "1", "--step-ms", "60"], "--workers '1' is not understood"),
+        (["--workers", "x", "--step-ms", "60"], "--workers: not a count"),
+        ([], "--step-ms (compute per step, ms) is required"),
+        (["--step-ms", "60", "--jitter", "2"], "--jitter is a coefficient of variation"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        plan.main(argv)
+    assert info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+@pytest.mark.timeout(10)
+def test_a_missing_benchmark_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=r"cannot validate against .*nothing.json: FileNotFoundError"):
+        plan.main(["--validate", str(tmp_path / "nothing.json")])
+
+
+@pytest.mark.timeout(60)
+def test_the_model_imports_no_torch_of_its_own():
+    """Whatever its package imports, plan.py itself adds neither torch nor Lightning nor numpy."""
+    code = (
+        "import sys\n"
+        "import lightning_cocod.core.adapt, lightning_cocod.launch.cluster, lightning_cocod.launch.netns\n"
+        "before = set(sys.modules)\n"
+        "import lightning_cocod.plan\n"
+        "heavy = {'torch', 'pytorch_lightning', 'lightning', 'numpy', 'matplotlib'}\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(30)
+def test_cocod_plan_answers_within_two_seconds():
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.plan", "--workers", "64", "--bandwidth", "10gbit", "--latency", "50us",
+         "--model", "resnet18", "--step-ms", "60"],
+        check=True, capture_output=True, timeout=25,
+    )
+    assert time.perf_counter() - started < 2.0
