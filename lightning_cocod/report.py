@@ -4,8 +4,10 @@
     cocod-report outputs --group resnet18_cifar10 --out report/
 
 Runs are read from run.json files, group ledgers, wandb run folders and CSV logs
-(lightning_cocod.app.runs). Rows are (method, tau, workers) over seeds; speedup is S-SGD's mean
-steady step time at the same number of workers divided by the row's.
+(lightning_cocod.app.runs). A row is one method at one tau under one condition (model, data,
+batch, workers, link, device, threads, precision: ``app.condition``), over its seeds. Each run's
+speedup is recomputed from the records by the rule the runs themselves used (``app.speedup``):
+S-SGD's steady step time at the same condition and seed over the run's.
 """
 
 from __future__ import annotations
@@ -17,73 +19,130 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.app.ledger import speedup, ssgd_step_seconds
+from lightning_cocod.app.condition import flat
 from lightning_cocod.app.runs import Record, load_runs
+from lightning_cocod.app.speedup import speedup
 
 METHOD_ORDER = {"ssgd": 0, "pipe_sgd": 1, "local_sgd": 2, "cocod": 3}
 LABELS = {"ssgd": "S-SGD", "pipe_sgd": "Pipe-SGD", "local_sgd": "Local-SGD", "cocod": "CoCoD-SGD"}
+ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
+# Shown in columns of their own, so left out of the "condition" column.
+_OWN_COLUMNS = (
+    "config.launcher.devices",
+    "config.launcher.num_nodes",
+    "measured.world_size",
+    "measured.link",
+)
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+def _spread(values: list[float]) -> tuple[float | None, float]:
+    if not values:
+        return None, 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def _values(runs: list[Record], key: str) -> list[float]:
     return [r[key] for r in runs if r.get(key) is not None]
 
 
+def condition_labels(runs: list[Record]) -> dict[str | None, str]:
+    """condition_id -> what sets it apart from the group's other conditions ("" when nothing
+    beyond the workers and the link, which have columns of their own)."""
+    conditions = {r["condition_id"]: flat(r.get("condition") or {}) for r in runs if r.get("condition_id")}
+    keys = sorted({k for c in conditions.values() for k in c} - set(_OWN_COLUMNS))
+    differing = [k for k in keys if len({repr(c.get(k)) for c in conditions.values()}) > 1]
+    labels: dict[str | None, str] = {
+        cid: "; ".join(f"{k.partition('.')[2]}={c.get(k)}" for k in differing)
+        for cid, c in conditions.items()
+    }
+    if any(not r.get("condition_id") for r in runs):
+        labels[None] = "not recorded"
+    return labels
+
+
 def summarise(runs: list[Record]) -> list[dict[str, Any]]:
-    """One row per (method, tau, workers), sorted S-SGD first."""
+    """One row per (condition, method, tau) over seeds, S-SGD first within a condition."""
+    labels = condition_labels(runs)
     cells: dict[tuple, list[Record]] = defaultdict(list)
     for run in runs:
-        cells[(run["method"], run.get("tau"), run["workers"])].append(run)
-    by_id = {r["id"]: r for r in runs}
+        cells[(run.get("condition_id"), run["method"], run.get("tau"))].append(run)
     rows = []
-    for (method, tau, workers), members in cells.items():
-        acc = [100 * a for a in _values(members, "test_acc")]
-        step = _mean(_values(members, "steady_step_seconds"))
+    for (cid, method, tau), members in cells.items():
+        speedups, late = [], 0
+        for member in members:
+            value, _ = speedup(member, runs)
+            if value is not None:
+                speedups.append(value)
+                late += member.get("speedup_vs_ssgd") is None  # its baseline finished after it
+        acc = _spread([100 * a for a in _values(members, "test_acc")])
+        step = _spread(_values(members, "steady_step_seconds"))
         reached = _values(members, "time_to_target_seconds")
         rows.append(
             {
                 "method": method,
                 "tau": tau,
-                "workers": workers,
+                "workers": members[0]["workers"],
+                "link": members[0].get("link") or "–",
+                "condition_id": cid,
+                "condition": labels.get(cid, ""),
                 "seeds": sorted({r["seed"] for r in members}),
                 "n": len(members),
-                "acc_mean": _mean(acc),
-                "acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                "step": step,
-                "speedup": speedup(ssgd_step_seconds(by_id, workers), step),
-                "hidden": _mean(_values(members, "hidden_fraction")),
-                "to_target": _mean(reached),
+                "acc_mean": acc[0],
+                "acc_std": acc[1],
+                "step": step[0],
+                "step_std": step[1],
+                "speedup": _spread(speedups)[0],
+                "speedup_std": _spread(speedups)[1],
+                "speedup_n": len(speedups),
+                "late": late,
+                "hidden": _spread(_values(members, "hidden_fraction"))[0],
+                "to_target": _spread(reached)[0],
                 "reached": len(reached),
                 "target": next((r["target_accuracy"] for r in members if r.get("target_accuracy")), None),
             }
         )
-    rows.sort(key=lambda r: (r["workers"], METHOD_ORDER.get(r["method"], 9), r["tau"] or 0))
+    rows.sort(
+        key=lambda r: (
+            r["workers"],
+            r["link"],
+            r["condition"],
+            METHOD_ORDER.get(r["method"], 9),
+            _tau_order(r),
+        )
+    )
     return rows
 
 
-def _f(value: float | None, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
+def _tau_order(row: dict[str, Any]) -> tuple[int, float, str]:
+    tau = row["tau"]
+    return (0, 0, "") if tau is None else (1, tau, "") if isinstance(tau, (int, float)) else (2, 0, str(tau))
 
 
-def _row(r: dict[str, Any]) -> str:
-    acc = "–" if r["acc_mean"] is None else f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f} (n={r['n']})"
+def _mean_spread(mean: float | None, std: float, n: int, fmt: str, total: int | None = None) -> str:
+    if mean is None:
+        return "–"
+    of = f" of {total}" if total is not None and total != n else ""
+    return f"{mean:{fmt}}" if n == 1 and not of else f"{mean:{fmt}} ± {std:{fmt}} (n={n}{of})"
+
+
+def _row(r: dict[str, Any], with_condition: bool) -> str:
     if r["target"] is None:
         to_target = "–"
     elif r["reached"]:
         to_target = f"{r['to_target']:.1f} ({r['reached']}/{r['n']})"
     else:
         to_target = f"not reached (0/{r['n']})"
+    speed = _mean_spread(r["speedup"], r["speedup_std"], r["speedup_n"], ".3f", r["n"])
     cells = [
         LABELS.get(r["method"], r["method"]),
         "–" if r["tau"] is None else str(r["tau"]),
         str(r["workers"]),
+        str(r["link"]),
+        *([r["condition"] or "–"] if with_condition else []),
         ",".join(map(str, r["seeds"])),
-        acc,
-        _f(r["step"], ".4f"),
-        _f(r["speedup"], ".2f"),
+        _mean_spread(r["acc_mean"], r["acc_std"], r["n"], ".2f"),
+        _mean_spread(r["step"], r["step_std"], r["n"], ".4f"),
+        speed + (" *" if r["late"] else ""),
         "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
         to_target,
     ]
@@ -94,17 +153,24 @@ def markdown(
     group: str, runs: list[Record], rows: list[dict[str, Any]], plots: list[str], notes: list[str]
 ) -> str:
     target = next((r["target"] for r in rows if r["target"]), None)
+    with_condition = any(r["condition"] for r in rows)
+    headers = [
+        *("method", "tau", "workers", "link"),
+        *(["condition"] if with_condition else []),
+        *("seeds", ACCURACY, "steady step (s)", "speedup vs S-SGD", "hidden share"),
+        f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)",
+    ]
     lines = [
         f"# {group}: {len(runs)} run(s)",
         "",
-        "Test accuracy: mean ± sample std over seeds. Steady step time: mean over whole rounds after the "
-        + "warm-up, rank 0. Speedup: S-SGD steady step time at the same number of workers / the row's.",
+        "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
+        "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
+        "condition and seed over the run's; a run without such an S-SGD run has none.",
         "",
-        "| method | tau | workers | seeds | test acc (%) | steady step (s) | speedup vs S-SGD | hidden share "
-        + f"| time to {f'{100 * target:.1f}%' if target else 'target'} (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *(_row(r, with_condition) for r in rows),
     ]
-    lines += [_row(r) for r in rows]
     commits = sorted(
         {f"{r.get('git_commit', 'unknown')}{'+dirty' if r.get('git_dirty') else ''}" for r in runs}
     )
@@ -113,26 +179,33 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def _run_label(run: Record, labels: dict[str | None, str]) -> str:
+    tau = f" tau={run['tau']}" if run.get("tau") is not None else ""
+    extra = labels.get(run.get("condition_id"), "")
+    return (
+        f"{LABELS.get(run['method'], run['method'])}{tau} w={run['workers']} {run.get('link') or ''}"
+        f" seed={run['seed']}{f' ({extra})' if extra else ''}"
+    )
+
+
 def plot_accuracy(runs: list[Record], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
+    labels = condition_labels(runs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for run in sorted(runs, key=lambda r: (METHOD_ORDER.get(r["method"], 9), r.get("tau") or 0, r["seed"])):
+    for run in sorted(runs, key=lambda r: (METHOD_ORDER.get(r["method"], 9), str(r.get("tau")), r["seed"])):
         points = run.get("timeline") or []
         if points:
-            tau = f" tau={run['tau']}" if run.get("tau") else ""
             ax.plot(
                 [p["seconds"] for p in points],
                 [100 * p["accuracy"] for p in points],
                 marker=".",
-                label=f"{LABELS.get(run['method'], run['method'])}{tau} w={run['workers']} seed={run['seed']}",
+                label=_run_label(run, labels),
             )
             drawn = True
     ax.set(
-        xlabel="wall time since the first step (s)",
-        ylabel="validation accuracy (%)",
-        title="Accuracy against wall time",
+        xlabel="wall time since the first step (s)", ylabel=ACCURACY, title="Test accuracy against wall time"
     )
     ax.grid(alpha=0.3)
     if drawn:
@@ -143,23 +216,35 @@ def plot_accuracy(runs: list[Record], path: Path) -> bool:
     return drawn
 
 
-def plot_speedup(rows: list[dict[str, Any]], x: str, series: str, path: Path, xlabel: str) -> bool:
+def plot_speedup(rows: list[dict[str, Any]], x: str, path: Path, xlabel: str) -> bool:
+    """Speedup against ``x`` (tau or workers), one line per method and everything else; not drawn
+    when ``x`` takes fewer than two values (an axis with one value says nothing)."""
     import matplotlib.pyplot as plt
 
-    lines: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    lines: dict[tuple, list[tuple[float, float, float]]] = defaultdict(list)
+    others = [k for k in ("tau", "workers") if k != x]
     for r in rows:
-        if r["speedup"] is not None and r[x] is not None and r["method"] != "ssgd":
-            lines[(r["method"], r[series])].append((r[x], r["speedup"]))
-    if not lines:
+        if r["speedup"] is not None and isinstance(r[x], (int, float)) and r["method"] != "ssgd":
+            key = (r["method"], *(r[k] for k in others), r["link"], r["condition"])
+            lines[key].append((r[x], r["speedup"], r["speedup_std"]))
+    xs = sorted({p[0] for points in lines.values() for p in points})
+    if len(xs) < 2:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (method, key), points in sorted(
-        lines.items(), key=lambda kv: (METHOD_ORDER.get(kv[0][0], 9), str(kv[0][1]))
-    ):
+    for key, points in sorted(lines.items(), key=lambda kv: (METHOD_ORDER.get(kv[0][0], 9), str(kv[0][1:]))):
         points.sort()
-        label = LABELS.get(method, method) + (f" {series}={key}" if key is not None else "")
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        fixed = [f"{k}={v}" for k, v in zip(others, key[1:]) if v is not None]
+        label = " ".join([LABELS.get(key[0], key[0]), *fixed, f"link={key[-2]}", key[-1]]).strip()
+        ax.errorbar(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            yerr=[p[2] for p in points],
+            marker="o",
+            capsize=3,
+            label=label,
+        )
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="S-SGD")
+    ax.set_xticks(xs)
     ax.set(xlabel=xlabel, ylabel="speedup vs S-SGD (step time)", title=f"Speedup against {x}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -176,14 +261,20 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
     stem = group.replace("/", "_")
     if plot_accuracy(runs, out / f"{stem}_accuracy_vs_time.png"):
         plots.append(f"{stem}_accuracy_vs_time.png")
-    for x, series, label in (
-        ("tau", "workers", "tau (optimizer steps per round)"),
-        ("workers", "tau", "workers"),
-    ):
-        if plot_speedup(rows, x, series, out / f"{stem}_speedup_vs_{x}.png", label):
+    for x, label in (("tau", "tau (optimizer steps per round)"), ("workers", "workers")):
+        if plot_speedup(rows, x, out / f"{stem}_speedup_vs_{x}.png", label):
             plots.append(f"{stem}_speedup_vs_{x}.png")
     if not any(r["method"] == "ssgd" for r in rows):
         notes.append("No S-SGD run in this group: speedups and their plots need one (strategy=ssgd).")
+    late = sum(r["late"] for r in rows)
+    if late:
+        notes.append(
+            f"\\* {late} run(s) finished before their S-SGD run: their own records and console lines say "
+            "the speedup was unknown; the figure here applies the same rule to all records."
+        )
+    legacy = sum(1 for r in runs if not r.get("condition_id"))
+    if legacy:
+        notes.append(f"{legacy} run(s) were recorded without their condition: no speedup is given for them.")
     path = out / f"{stem}.md"
     path.write_text(markdown(group, runs, rows, plots, notes))
     return path

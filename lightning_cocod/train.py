@@ -1,11 +1,13 @@
 """``cocod-train`` (also ``python -m lightning_cocod.train``): a Hydra app over the repository's conf/.
 
     cocod-train experiment=smoke
-    cocod-train -m experiment=smoke strategy=cocod,local_sgd strategy.tau=2,4,8 seed=0,1,2
+    cocod-train -m experiment=smoke strategy=ssgd,cocod,local_sgd tau=2,4,8 seed=0,1,2
 
-Every job of the command line is composed and checked first (one-line error, exit code 2). Then
-each Hydra job either starts its ranks itself (launcher=cpu|gpu: ``launch_workers`` runs
-``worker_main`` in N processes that build ``Trainer(devices=N)`` from the job's resolved.yaml) or
+Every job of the command line is composed and checked first (one-line error, exit code 2). A
+sweep runs its S-SGD jobs first and runs a job that only changes a period the method lacks (S-SGD
+at another tau) once. Then each Hydra job either starts its ranks itself (launcher=cpu|gpu:
+``launch_workers`` runs ``worker_main`` in N processes that build ``Trainer(devices=N)`` from the
+job's workers/job.yaml) or
 is itself one rank among processes made by torchrun/srun (launcher=torchrun|slurm). Lightning's
 popen launcher is never asked to start processes: it re-executes sys.argv, which under
 ``-m`` would re-run the whole sweep in every child.
@@ -13,22 +15,28 @@ popen launcher is never asked to start processes: it re-executes sys.argv, which
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import ConfigError, check_values, resume_checkpoint
+from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, first_line, method_of
+from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
 from lightning_cocod.app.loggers import redact, to_plain
-from lightning_cocod.app.preflight import config_dir, preflight
+from lightning_cocod.app.preflight import config_dir, duplicate_jobs, preflight, ssgd_first
+from lightning_cocod.app.record import read_start, write_start
+from lightning_cocod.app.speedup import describe
+from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("cocod-train")
 WORKER_TARGET = "lightning_cocod.train:worker_main"
+# Job number -> the earlier job of the sweep it would repeat (set by main before Hydra runs).
+_REPEATS: dict[int, int] = {}
 
 
 def _run_id(job_dir: Path, multirun: bool) -> str:
@@ -36,31 +44,32 @@ def _run_id(job_dir: Path, multirun: bool) -> str:
     return (job_dir.parent if multirun else job_dir).name
 
 
-def _write_job(cfg: DictConfig, identity: dict[str, Any], job_dir: Path) -> None:
-    config = redact(to_plain(cfg))
-    config["run_id"] = config["launcher"]["run_id"] = identity["run_id"]
-    (job_dir / "resolved.yaml").write_text(
-        f"# git commit {identity['git_commit']}{' (uncommitted changes)' if identity['git_dirty'] else ''}\n"
-        + OmegaConf.to_yaml(OmegaConf.create(config))
-    )
-    (job_dir / "run.json").write_text(json.dumps(identity, indent=1))
-
-
 def run(cfg: DictConfig) -> float | None:
     """One Hydra job; returns the test accuracy (rank 0 of a torchrun/SLURM job, or the launcher)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from lightning_cocod.app.fit import fit_run
-
     check_values(cfg)
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun and hydra_cfg.job.num in _REPEATS:
+        method = method_of(cfg.strategy)
+        log.info(
+            "job %d (%s) skipped: it is job %d again (%s)",
+            hydra_cfg.job.num,
+            " ".join(hydra_cfg.overrides.task),
+            _REPEATS[hydra_cfg.job.num],
+            "the same config"
+            if method in PERIODIC
+            else f"{method} has no period: tau changes nothing for it",
+        )
+        return None
     try:
         resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
     except ConfigError as err:
         raise SystemExit(f"cocod-train: error: {err}") from None
-    identity = make_identity(cfg, job_dir, _run_id(job_dir, hydra_cfg.mode == RunMode.MULTIRUN))
+    identity = make_identity(cfg, job_dir, _run_id(job_dir, multirun))
     workers = world_size(cfg)
     log.info(
         "%s: %d worker(s), global batch %d = %d per rank x %d; output %s",
@@ -71,46 +80,102 @@ def run(cfg: DictConfig) -> float | None:
         workers,
         job_dir,
     )
-    if cfg.launcher.name in ("cpu", "gpu"):
-        _write_job(cfg, identity, job_dir)
-        record = _launch(cfg, job_dir, workers)
-    else:
-        # torchrun sets RANK, srun SLURM_PROCID: one writer for the files every rank would write.
-        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
-            _write_job(cfg, identity, job_dir)
-        record = fit_run(OmegaConf.create(redact(to_plain(cfg))), job_dir, identity)
+    config = redact(to_plain(cfg))
+    config["run_id"] = config["launcher"]["run_id"] = identity["run_id"]
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    try:
+        if cfg.launcher.name in ("cpu", "gpu"):
+            write_start(job_dir, config, identity)
+            record = _launch(cfg, job_dir, workers, identity["name"])
+        else:
+            from lightning_cocod.app.fit import fit_run
+
+            # torchrun sets RANK, srun SLURM_PROCID: one writer for the files every rank would write.
+            if rank == 0:
+                write_start(job_dir, config, identity)
+            record = fit_run(OmegaConf.create(config), job_dir, identity)
+    except BaseException as err:
+        if not _is_preemption(err):
+            raise
+        if rank == 0:
+            print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err), flush=True)
+        raise SystemExit(PREEMPTED_EXIT_CODE) from None
     if "test_acc" in record:
-        log.info(
-            "%s: test acc %.4f, steady step %s s, speedup vs S-SGD %s",
-            identity["name"],
-            record["test_acc"],
-            _fmt(record["steady_step_seconds"]),
-            _fmt(record["speedup_vs_ssgd"]),
-        )
+        log.info(final_line(record))
     return record.get("test_acc")
 
 
-def _fmt(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:.3f}"
+def final_line(record: dict[str, Any]) -> str:
+    """The console's summary of a finished run: the same record as run.json, the ledger and the logs."""
+    if record.get("speedup_baseline"):
+        over = f" (over {record['speedup_baseline']}, link {record.get('link')})"
+    else:
+        over = (
+            f" (no S-SGD run in group {record['group']} with this condition (link {record.get('link')}) "
+            f"and seed {record['seed']} yet)"
+        )
+    step = record.get("steady_step_seconds")
+    return (
+        f"{record['name']}: test acc {record['test_acc']:.4f}, steady step "
+        f"{'unknown' if step is None else f'{step:.4f} s'}, speedup vs S-SGD "
+        f"{describe(record.get('speedup_vs_ssgd'))}{over}"
+    )
 
 
-def _launch(cfg: DictConfig, job_dir: Path, workers: int) -> dict[str, Any]:
+def _is_preemption(err: BaseException) -> bool:
+    """A run stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's ``Preempted`` in this
+    very process (torchrun/SLURM), or ranks that exited with its code under the cpu/gpu launchers
+    (``WorkersPreempted``; or a ``WorkerFailed`` with its code, from a launcher without it)."""
+    import lightning_cocod
+    import lightning_cocod.launch as launch
+
+    kinds = (getattr(launch, "WorkersPreempted", None), getattr(lightning_cocod, "Preempted", None))
+    if isinstance(err, tuple(k for k in kinds if isinstance(k, type))):
+        return True
+    return isinstance(err, launch.WorkerFailed) and err.returncode == PREEMPTED_EXIT_CODE
+
+
+def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, err: BaseException) -> str:
+    saved = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not saved:
+        return f"{name}: preempted ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
+    task = list(hydra_cfg.overrides.task)
+    keep = [o for o in task if not o.startswith(("checkpoint.resume=", "run_id=", "hydra.run.dir="))]
+    # A sweep's job folder, or one given by hand, is named in full; a single run's by its run_id.
+    named = multirun or any(o.startswith("hydra.run.dir=") for o in task)
+    where = [f"hydra.run.dir={job_dir}"] if named else [f"run_id={job_dir.name}"]
+    command = shlex.join(["cocod-train", *keep, *where, "checkpoint.resume=last"])
+    return f"{name}: preempted; checkpoint {saved[-1]}; resume with: {command}"
+
+
+def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
+    from lightning_cocod.app.condition import NETNS_ENV, net_namespace
+    from lightning_cocod.app.fit import progress_path
+    from lightning_cocod.app.progress import ProgressRelay
     from lightning_cocod.launch import launch_workers
 
     threads = cfg.launcher.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // workers)
-    if cfg.launcher.get("rate"):
-        log.info(
-            "workers talk over a loopback shaped to %s (unshaped, with a warning, without root)",
-            cfg.launcher.rate,
-        )
+    rate = cfg.launcher.get("rate")
+    if rate and os.geteuid() == 0:  # without root the launcher warns that it runs unshaped
+        log.info("workers talk over a loopback shaped to %s", rate)
+    relay = (
+        ProgressRelay(progress_path(job_dir), title, cfg.progress_every_s, log.info)
+        if cfg.progress_every_s
+        else None
+    )
+    env = {"OMP_NUM_THREADS": str(threads)}
+    namespace = net_namespace()
+    if namespace:  # a worker in another namespace than this was put behind the shaped link
+        env[NETNS_ENV] = namespace
     results = launch_workers(
         WORKER_TARGET,
         world_size=workers,
-        rate=cfg.launcher.get("rate"),
+        rate=rate,
         args=[str(job_dir)],
         timeout_s=cfg.launcher.timeout_s,
         output_dir=job_dir / "workers",
-        env={"OMP_NUM_THREADS": str(threads)},
+        env=env,
+        on_tick=relay.tick if relay else None,
     )
     return results[0]
 
@@ -120,8 +185,7 @@ def worker_main(job_dir: str) -> dict[str, Any]:
     from lightning_cocod.app.fit import fit_run
 
     job = Path(job_dir)
-    cfg = OmegaConf.load(job / "resolved.yaml")
-    identity = json.loads((job / "run.json").read_text())
+    cfg, identity = read_start(job)
     assert isinstance(cfg, DictConfig)
     return fit_run(cfg, job, identity)
 
@@ -129,12 +193,20 @@ def worker_main(job_dir: str) -> dict[str, Any]:
 def main() -> None:
     import hydra
 
+    argv = ssgd_first(sys.argv[1:])
     try:
-        preflight(sys.argv[1:])
+        configs = preflight(argv)
         conf = config_dir()
     except ConfigError as err:
         print(f"cocod-train: error: {err}", file=sys.stderr)
         sys.exit(2)
+    _REPEATS.update(duplicate_jobs(configs))
+    if argv != sys.argv[1:]:
+        print(
+            "cocod-train: S-SGD runs first, so each other run's speedup is known when it ends",
+            file=sys.stderr,
+        )
+    sys.argv[1:] = argv
     hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(run)()
 
 

@@ -2,7 +2,8 @@
 #
 # Two sweeps per recipe, each a Hydra multirun whose jobs run one after another:
 #   methods: S-SGD, Pipe-SGD, Local-SGD and CoCoD-SGD at their configured tau (4), seeds 0 1 2;
-#   tau:     Local-SGD and CoCoD-SGD at tau 2, 8, 16, seed 0 (speedup against tau).
+#   tau:     Local-SGD and CoCoD-SGD at tau 2, 8, 16, seed 0 (speedup against tau, over the
+#            methods sweep's S-SGD run of seed 0: same group, same condition, same seed).
 # A sweep's folder is outputs/$EXPERIMENT/$RUN_ID-<sweep>; all runs share the wandb group
 # $EXPERIMENT and the ledger outputs/groups/$EXPERIMENT.json, so speedups are computed across sweeps.
 #
@@ -14,7 +15,7 @@ TAUS=${TAUS:-2,8,16}
 RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
 SWEEPS=(
   "methods|strategy=ssgd,pipe_sgd,local_sgd,cocod seed=$SEEDS"
-  "tau|strategy=local_sgd,cocod strategy.tau=$TAUS seed=0"
+  "tau|strategy=local_sgd,cocod tau=$TAUS seed=0"
 )
 # HETERO=1: the heterogeneous-cluster runs instead. Each worker's batch follows its measured
 # speed (proportional sampling, averages weighted by batch share) for Local-SGD and CoCoD-SGD,
@@ -25,7 +26,7 @@ if [[ "${HETERO:-0}" == 1 ]]; then
   SWEEPS=(
     "hetero-base|strategy=ssgd,cocod seed=$SEEDS $slow"
     "hetero-ps|strategy=local_sgd,cocod hetero.proportional=true seed=$SEEDS $slow"
-    "hetero-auto|strategy=cocod strategy.tau=auto hetero.proportional=true seed=$SEEDS $slow"
+    "hetero-auto|strategy=cocod tau=auto hetero.proportional=true seed=$SEEDS $slow"
   )
 fi
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.strategies import Strategy
@@ -14,7 +15,7 @@ from pytorch_lightning.strategies import Strategy
 from lightning_cocod.app.checks import ConfigError, check_values
 from lightning_cocod.app.identity import world_size
 from lightning_cocod.app.objects import check_objects
-from lightning_cocod.app.preflight import config_dir, job_overrides, preflight
+from lightning_cocod.app.preflight import config_dir, duplicate_jobs, job_overrides, preflight, ssgd_first
 
 CONF = config_dir()
 REPO = CONF.parent
@@ -134,7 +135,12 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
             capture_output=True,
             text=True,
             env={
-                **os.environ, "DRY_RUN": "1", "HEAD": "node01", "RUN_ID": "t", "NNODES": "2", "NPROC": "8",
+                **os.environ,
+                "DRY_RUN": "1",
+                "HEAD": "node01",
+                "RUN_ID": "t",
+                "NNODES": "2",
+                "NPROC": "8",
                 "HETERO": hetero,
             },
             check=True,
@@ -168,6 +174,45 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["+trainer.foo=1"], "unknown key 'trainer.foo'; Trainer accepts: accumulate_grad_batches"),
         (["+model.net.depth=3"], "unknown key 'model.net.depth'; ResNet18 accepts: in_channels, num_classes"),
         (["strategy.tau=0"], "strategy.tau=0 is invalid; accepted: a positive integer"),
+        (
+            ["tau=0"],
+            "tau=0 is invalid; accepted: a positive integer (optimizer steps per round of cocod and local_sgd",
+        ),
+        (
+            ["strategy=local_sgd", "tau=auto"],
+            "tau='auto' is invalid; accepted: a positive integer (optimizer steps per round) with strategy local_sgd",
+        ),
+        (["strategy=ssgd", "tau=-1"], "tau=-1 is invalid"),  # ignored by S-SGD, still checked
+        (
+            ["trainer.precision=banana"],
+            "trainer.precision='banana' is invalid; accepted: one of 64, 32, 16, 'transformer-engine'",
+        ),
+        (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' is invalid; accepted: an integer or null"),
+        (
+            ["trainer.deterministic=maybe"],
+            "trainer.deterministic='maybe' is invalid; accepted: true or false, 'warn' or null",
+        ),
+        (
+            ["data=synthetic", "data.num_samples=0"],
+            "data: SyntheticDataModule: num_samples=0 is invalid; accepted: an integer >= 1",
+        ),
+        (
+            ["experiment=smoke", "launcher.devices=3", "data.batch_size=1000"],
+            "data.batch_size=1000 is invalid; accepted: at most 170 with 3 workers (one global batch of batch_size x workers must fit in the 512 training samples)",
+        ),
+        (["data=digits", "data.batch_size=719"], "at most 718 with 2 workers"),
+        (["out_root=/proc/x"], "out_root='/proc/x' is invalid; accepted: a folder this user can write"),
+        (["strategy.timeout=0"], "strategy.timeout=0 is invalid; accepted: a positive number of seconds"),
+        (["strategy=ssgd", "strategy.timeout=abc"], "strategy.timeout='abc' is invalid"),
+        (
+            ["checkpoint.every_n_steps=-1"],
+            "checkpoint.every_n_steps=-1 is invalid; accepted: an integer >= 0",
+        ),
+        (
+            ["checkpoint.every_n_minutes=-2"],
+            "checkpoint.every_n_minutes=-2 is invalid; accepted: a number >= 0",
+        ),
+        (["progress_every_s=-1"], "progress_every_s=-1 is invalid"),
         (["data.batch_size=0"], "data.batch_size=0 is invalid"),
         (["model.lr=-1"], "model: ClassifierModule: lr=-1 is invalid; accepted: a positive float"),
         (["launcher=torchrun"], "run_id='none' is invalid"),
@@ -175,12 +220,27 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["launcher.rate=fast"], "launcher.rate='fast' is invalid"),
         (["data.root=/nonexistent"], "data.root='/nonexistent' is invalid; accepted: a folder holding"),
         (["max_epochs=null"], "max_epochs=None is invalid"),
-        (["strategy.tau=often"], "strategy.tau='often' is invalid; accepted: a positive integer (optimizer steps per round), or 'auto'"),
-        (["hetero.slowdown=[1,0.5]"], "hetero.slowdown=[1, 0.5] is invalid; accepted: null or 2 factors >= 1"),
-        (["hetero.batch_sizes=[100,100]"], "hetero.batch_sizes=[100, 100] is invalid; accepted: 2 positive integers summing to 256"),
-        (["strategy=ssgd", "hetero.proportional=true"], "hetero.proportional=True is invalid; accepted: false with strategy ssgd"),
+        (
+            ["strategy.tau=often"],
+            "strategy.tau='often' is invalid; accepted: a positive integer (optimizer steps per round), or 'auto'",
+        ),
+        (
+            ["hetero.slowdown=[1,0.5]"],
+            "hetero.slowdown=[1, 0.5] is invalid; accepted: null or 2 factors >= 1",
+        ),
+        (
+            ["hetero.batch_sizes=[100,100]"],
+            "hetero.batch_sizes=[100, 100] is invalid; accepted: 2 positive integers summing to 256",
+        ),
+        (
+            ["strategy=ssgd", "hetero.proportional=true"],
+            "hetero.proportional=True is invalid; accepted: false with strategy ssgd",
+        ),
         (["hetero.nope=1"], "unknown key 'hetero.nope'"),
-        (["checkpoint.every_n_epochs=-1"], "checkpoint.every_n_epochs=-1 is invalid; accepted: an integer >= 0"),
+        (
+            ["checkpoint.every_n_epochs=-1"],
+            "checkpoint.every_n_epochs=-1 is invalid; accepted: an integer >= 0",
+        ),
         (
             ["run_id=never-ran", "checkpoint.resume=last"],
             "checkpoint.resume='last' is invalid; accepted: null, last, or the path of a .ckpt file (no outputs/default/never-ran/checkpoints/last.ckpt: pass the run_id",
@@ -190,7 +250,8 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
-            "unknown key 'strategy.tau'; strategy accepts: _target_",
+            "unknown key 'strategy.tau'; strategy accepts: _target_, process_group_backend, start_method, timeout; "
+            "the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)",
         ),
         (
             ["-m", "strategy=cocod", "strategy.tau=1,0"],
@@ -213,13 +274,76 @@ def test_gpu_launcher_wants_the_gpus_it_names(monkeypatch):
 
 
 def test_preflight_passes_a_sweep_and_returns_every_job():
-    configs = preflight(["-m", "experiment=smoke", "strategy=cocod,local_sgd", "strategy.tau=2,4"])
+    configs = preflight(["-m", "experiment=smoke", "strategy=cocod,local_sgd", "tau=2,4"])
     assert [(c.strategy._target_.rpartition(".")[2], c.strategy.tau) for c in configs] == [
         ("CoCoDStrategy", 2),
         ("CoCoDStrategy", 4),
         ("LocalSGDStrategy", 2),
         ("LocalSGDStrategy", 4),
     ]
+    assert duplicate_jobs(configs) == {}  # every job differs
+
+
+def test_a_sweep_runs_ssgd_first_and_once_per_condition_whatever_the_periods():
+    argv = ssgd_first(["-m", "experiment=smoke", "tau=2,4", "strategy=cocod,ssgd,pipe_sgd"])
+    assert argv == ["-m", "strategy=ssgd,cocod,pipe_sgd", "experiment=smoke", "tau=2,4"]
+    configs = preflight(argv)
+    jobs = [(c.strategy._target_.rpartition(".")[2], c.tau) for c in configs]
+    assert jobs[:2] == [("SSGDStrategy", 2), ("SSGDStrategy", 4)]
+    # S-SGD and Pipe-SGD at tau=4 repeat their tau=2 jobs; CoCoD at each tau is its own.
+    assert duplicate_jobs(configs) == {1: 0, 5: 4}
+    assert duplicate_jobs(preflight(["-m", "experiment=smoke", "strategy=ssgd", "tau=2,4", "seed=0,1"])) == {
+        2: 0,
+        3: 1,
+    }
+    assert ssgd_first(["experiment=smoke", "strategy=cocod"]) == ["experiment=smoke", "strategy=cocod"]
+    assert ssgd_first(["-m", "strategy=ssgd,cocod", "tau=2"]) == ["-m", "strategy=ssgd,cocod", "tau=2"]
+
+
+def test_commands_that_run_nothing_need_no_data_and_no_checks(tmp_path, monkeypatch):
+    monkeypatch.setenv("COCOD_DATA", str(tmp_path / "nothing-here"))
+    for argv in (["--cfg", "job"], ["--help"], ["--cfg", "job", "out_root=/proc/x"], ["--info"]):
+        assert preflight(argv) == []
+    with pytest.raises(ConfigError, match="data.root="):  # a run needs the data
+        preflight([])
+
+
+@pytest.mark.timeout(60)
+def test_cfg_job_prints_the_default_config_on_a_machine_without_data(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "COCOD_DATA"}
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.train", "--cfg", "job"],
+        cwd=tmp_path / "empty",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["data"]["root"] == "${oc.env:COCOD_DATA,data}" and printed["data"]["dataset"] == "cifar10"
+    assert printed["strategy"]["_target_"] == "lightning_cocod.CoCoDStrategy" and printed["tau"] == 4
+    assert list((tmp_path / "empty").iterdir()) == []  # no run folder either
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"", "is empty"), (b"not a checkpoint at all", "cannot be read"), (None, "cannot be read")],
+)
+def test_a_broken_checkpoint_is_refused_in_one_line_before_anything_starts(tmp_path, content, expected):
+    path = tmp_path / "model.ckpt"
+    if content is None:  # a real checkpoint cut short
+        torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 3}, path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        preflight([f"checkpoint.resume={path}", f"out_root={tmp_path / 'out'}"])
+    message = str(info.value)
+    assert message.startswith(f"checkpoint.resume='{path}' is invalid") and expected in message
+    assert "\n" not in message and not (tmp_path / "out").exists()
 
 
 @pytest.mark.timeout(120)

@@ -1,11 +1,18 @@
-"""The app end to end: a CPU multirun of 2 methods x 2 periods, 2 worker processes per job, wandb
-offline; then cocod-report on the sweep folder. Plus the app's small pieces."""
+"""The app end to end: CPU sweeps of S-SGD against CoCoD-SGD at two periods and two links into
+one group, 2 worker processes per job; checkpoints and resume; then cocod-report on the runs.
+Plus the app's small pieces."""
 
+import csv
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,121 +21,206 @@ import yaml
 from lightning_cocod import report
 from lightning_cocod.app.fit import steady_step_seconds
 from lightning_cocod.app.identity import git_commit
-from lightning_cocod.app.loggers import REDACTED, redact, wandb_mode
+from lightning_cocod.app.loggers import REDACTED, log_final, redact, wandb_mode
+from lightning_cocod.launch.netns import shaped_namespace
 
-SWEEP = ["strategy=cocod,local_sgd", "strategy.tau=2,4"]
-# 128 samples, 32 per rank x 2 ranks: 2 optimizer steps; 1 epoch; an 8-wide SmallCNN.
+# 128 samples, 32 per rank x 2 ranks: 2 optimizer steps per epoch; an 8-wide SmallCNN.
 TINY = [
     "data.num_samples=128",
     "data.num_eval_samples=64",
-    "max_epochs=1",
+    "max_epochs=2",
     "model.net.width=8",
     "step_time_warmup=1",
-    # the heterogeneous path rides along: measured split (applied after the one epoch) and a slowed rank
-    "hetero.proportional=true",
-    "hetero.slowdown=[1,1.5]",
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.timeout(300)
-def test_cpu_multirun_runs_every_job_and_the_report_reads_them(tmp_path):
-    env = {
-        **os.environ,
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(tmp_path / "wandb"),
-        "WANDB_SILENT": "true",
-        "PYTHONWARNINGS": "ignore",
-    }
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lightning_cocod.train",
-            "--multirun",
-            "experiment=smoke",
-            "logger=wandb",
-            f"out_root={out}",
-            "run_id=t1",
-            *TINY,
-            *SWEEP,
-        ],
+def run_app(tmp_path: Path, *overrides: str, timeout: int = 280) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.train", *overrides],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         check=False,
+        stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    sweep = out / "smoke" / "t1"
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [p.name.split("_", 1)[0] for p in jobs] == ["0", "1", "2", "3"]
-    seen = set()
-    for job in jobs:
-        resolved = yaml.safe_load((job / "resolved.yaml").read_text())
-        record = json.loads((job / "run.json").read_text())
-        assert (job / ".hydra" / "config.yaml").is_file()
-        assert list((job / "wandb").glob("offline-run-*")), job  # wandb ran offline, into the job folder
-        assert (job / "resolved.yaml").read_text().startswith(f"# git commit {record['git_commit']}")
-        assert (
-            record["method"]
-            == {"CoCoDStrategy": "cocod", "LocalSGDStrategy": "local_sgd"}[
-                resolved["strategy"]["_target_"].rpartition(".")[2]
-            ]
+
+def can_shape() -> bool:
+    with shaped_namespace("100mbit", name_prefix="cocod-probe") as link:
+        return link.shaped
+
+
+def final_metrics(job: Path) -> dict[str, float]:
+    with open(job / "csv" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return {k: float(v) for row in rows for k, v in row.items() if k.startswith("final/") and v}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd(tmp_path):
+    out = tmp_path / "out"
+    common = ["--multirun", "experiment=smoke", f"out_root={out}", *TINY]
+    # S-SGD listed last and swept over tau: it runs first, and once.
+    first = run_app(tmp_path, *common, "run_id=fast", "strategy=cocod,ssgd", "tau=2,4")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    console = first.stdout + first.stderr
+    shaped = can_shape()  # root with ip and tc; the second link needs them
+    if shaped:
+        second = run_app(
+            tmp_path, *common, "run_id=slow", "launcher.rate=100mbit", "strategy=ssgd,cocod", "tau=2"
         )
-        assert record["tau"] == resolved["strategy"]["tau"] and record["workers"] == 2
-        assert record["global_batch_size"] == 64 and record["steps"] == 2
-        assert 0 <= record["test_acc"] <= 1 and record["steady_step_seconds"] > 0
-        assert record["dir"] == str(job) and record["id"] == f"smoke/t1/{job.name}"
-        assert (job / "workers" / "rank1.stderr").is_file()
-        seen.add((record["method"], record["tau"]))
-    assert seen == {("cocod", 2), ("cocod", 4), ("local_sgd", 2), ("local_sgd", 4)}
-    ledger = json.loads((out / "groups" / "smoke.json").read_text())
-    assert sorted(ledger) == sorted(f"smoke/t1/{job.name}" for job in jobs)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        console += second.stdout + second.stderr
 
-    assert report.main([str(sweep), "--out", str(tmp_path / "report")]) == 0
-    table = (tmp_path / "report" / "smoke.md").read_text()
-    for row in (
-        "| CoCoD-SGD | 2 | 2 | 0 |",
-        "| CoCoD-SGD | 4 | 2 | 0 |",
-        "| Local-SGD | 2 | 2 | 0 |",
-        "| Local-SGD | 4 | 2 | 0 |",
-    ):
-        assert row in table, table
-    assert "No S-SGD run in this group" in table
-    png = (tmp_path / "report" / "smoke_accuracy_vs_time.png").read_bytes()
-    assert png.startswith(b"\x89PNG")
-
-
-def run_app(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.train", "experiment=smoke", "logger=none",
-         f"out_root={tmp_path / 'out'}", *overrides],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200, check=False, stdin=subprocess.DEVNULL,
+    jobs = sorted(p for sweep in ("fast", "slow") for p in (out / "smoke" / sweep).glob("*_*") if p.is_dir())
+    records = {job: json.loads((job / "run.json").read_text()) for job in jobs if (job / "run.json").exists()}
+    skipped = [job.name for job in jobs if job not in records]
+    assert len(skipped) == 1 and skipped[0].startswith("1_") and "strategy=ssgd" in skipped[0]
+    assert re.search(r"job 1 \(.*\) skipped: it is job 0 again", console)
+    fast = {(r["method"], r["tau"]): r for job, r in records.items() if job.parent.name == "fast"}
+    assert set(fast) == {("ssgd", None), ("cocod", 2), ("cocod", 4)}
+    assert fast[("ssgd", None)]["finished_at"] < min(
+        fast[("cocod", 2)]["finished_at"], fast[("cocod", 4)]["finished_at"]
     )
+    links = {"fast": "unshaped", "slow": "100mbit"}
+    by_sweep = {
+        sweep: {(r["method"], r["tau"]): r for j, r in records.items() if j.parent.name == sweep}
+        for sweep in links
+    }
+    if shaped:
+        assert set(by_sweep["slow"]) == {("ssgd", None), ("cocod", 2)}
+        assert (
+            by_sweep["fast"][("ssgd", None)]["condition_id"]
+            != by_sweep["slow"][("ssgd", None)]["condition_id"]
+        )
+
+    report.main([str(out), "--out", str(tmp_path / "report")])
+    table = (tmp_path / "report" / "smoke.md").read_text()
+    for sweep, runs in by_sweep.items():
+        ssgd = runs.get(("ssgd", None))
+        for (method, tau), record in runs.items():
+            job = Path(record["dir"])
+            assert (
+                record["link"] == links[sweep] and record["global_batch_size"] == 64 and record["steps"] == 4
+            )
+            # The figure worked out here from the two runs' own step times, then found everywhere.
+            expected = ssgd["steady_step_seconds"] / record["steady_step_seconds"]
+            assert record["speedup_vs_ssgd"] == pytest.approx(expected, rel=1e-12)
+            assert record["speedup_baseline"] == ssgd["id"]
+            assert f"{record['name']}: test acc" in console and f"speedup vs S-SGD {expected:.3f}x" in console
+            assert final_metrics(job)["final/speedup_vs_ssgd"] == pytest.approx(expected, rel=1e-9)
+            label = {"ssgd": "S-SGD", "cocod": "CoCoD-SGD"}[method]
+            row = f"| {label} | {'–' if tau is None else tau} | 2 | {links[sweep]} | 0 |"
+            assert any(
+                line.startswith(row) and f"| {expected:.3f} |" in line for line in table.splitlines()
+            ), table
+            resolved = yaml.safe_load("\n".join((job / "resolved.yaml").read_text().splitlines()[1:]))
+            assert resolved["strategy"]["_target_"].endswith(
+                {"ssgd": "SSGDStrategy", "cocod": "CoCoDStrategy"}[method]
+            )
+            assert (job / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "report" / "smoke_speedup_vs_tau.png").read_bytes().startswith(b"\x89PNG")
+    # Progress came from rank 0 while the jobs ran.
+    assert re.search(r"cocod-tau2-w2-s0: (starting the workers|epoch \d)", console)
 
 
+def _pid_of_rank(rank: int, job_dir: Path) -> int:
+    """The worker process of ``rank`` in ``job_dir``, found by the result path its launcher gave it."""
+    wanted = f"COCOD_RESULT_PATH={job_dir / 'workers' / f'rank{rank}.result.json'}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and wanted in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process for rank {rank} of {job_dir}")
+
+
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
-def test_a_run_checkpoints_by_default_and_continues_from_its_last_checkpoint(tmp_path):
-    tiny = [o for o in TINY if not o.startswith(("hetero.", "max_epochs"))]
-    first = run_app(tmp_path, "run_id=r1", "max_epochs=1", *tiny)
-    assert first.returncode == 0, first.stderr[-3000:]
-    last = tmp_path / "out" / "smoke" / "r1" / "checkpoints" / "last.ckpt"
-    saved = torch.load(last, map_location="cpu", weights_only=False)
-    assert saved["global_step"] == 2  # the one epoch of this run
+def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
+    # 4096 samples, 32 per rank x 2: 64 steps per epoch; nothing saved on a schedule before step 64.
+    common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=r1"]
+    common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "step_time_warmup=1"]
+    folder = tmp_path / "out" / "smoke" / "r1"
+    app = subprocess.Popen(
+        [sys.executable, "-m", "lightning_cocod.train", *common, "max_epochs=50", "progress_every_s=0.5"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        progress = folder / "workers" / "progress.txt"
+        deadline = time.monotonic() + 240
+        while not (progress.exists() and re.search(r"step ([3-9]|\d\d+)/", progress.read_text())):
+            assert app.poll() is None and time.monotonic() < deadline, "the run ended or never got going"
+            time.sleep(0.2)
+        os.kill(_pid_of_rank(1, folder), signal.SIGTERM)  # one rank only: every rank must stop with it
+        console, _ = app.communicate(timeout=120)
+    finally:
+        app.kill()
+    assert app.returncode == 75, console[-3000:]
+    last = folder / "checkpoints" / "last.ckpt"
+    line = next(x for x in console.splitlines() if " preempted; " in x)
+    assert line.startswith(f"cocod-tau4-w2-s0: preempted; checkpoint {last}; resume with: cocod-train ")
+    saved = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert 3 <= saved < 64
 
-    second = run_app(tmp_path, "run_id=r1", "max_epochs=2", "checkpoint.resume=last", *tiny)
-    assert second.returncode == 0, second.stderr[-3000:]
-    record = json.loads((tmp_path / "out" / "smoke" / "r1" / "run.json").read_text())
-    # Continued, not restarted: only the second epoch was trained (and validated) this time.
-    assert record["steps"] == 4 and [p["epoch"] for p in record["timeline"]] == [1]
-    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 4
+    # The printed command, run to the end of the first epoch instead of 50.
+    command = shlex.split(line.partition("resume with: ")[2])
+    assert command[-2:] == ["run_id=r1", "checkpoint.resume=last"] and "max_epochs=50" in command
+    resumed = run_app(tmp_path, *[a for a in command[1:] if not a.startswith("max_epochs=")], "max_epochs=1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = json.loads((folder / "run.json").read_text())
+    # Continued where it stopped: the steps it had left, into the file it resumed from.
+    assert record["steps"] == 64 and record["steps_trained"] == 64 - saved
+    assert record["resumed_from"] == str(last) and [p["epoch"] for p in record["timeline"]] == [0]
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 64
+    assert not list((folder / "checkpoints").glob("last-v*.ckpt"))
+
+    # A resume that fails its checks leaves the finished run's records as they were.
+    finished = {name: (folder / name).read_bytes() for name in ("run.json", "resolved.yaml")}
+    refused = run_app(tmp_path, *common, "checkpoint.resume=last", "trainer.max_epochs=abc")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "cocod-train: error: trainer.max_epochs='abc' is invalid; accepted: an integer or null"
+    ]
+    assert {name: (folder / name).read_bytes() for name in finished} == finished
+
+
+def test_the_final_figures_reach_wandb_as_the_record_has_them():
+    class WandbLogger:  # what log_final uses of Lightning's WandbLogger
+        def __init__(self):
+            self.metrics, self.finished = [], False
+            self.experiment = SimpleNamespace(summary={}, finish=lambda: setattr(self, "finished", True))
+
+        def log_metrics(self, metrics, step):
+            self.metrics.append((step, metrics))
+
+    logger = WandbLogger()
+    record = {
+        "test_acc": 0.5,
+        "steady_step_seconds": 0.25,
+        "speedup_vs_ssgd": 2.0 / 0.7,
+        "finished_at": 123.0,
+        "speedup_baseline": "g/ssgd",
+        "timeline": [{"seconds": 1.0, "step": 2, "accuracy": 0.4}],
+    }
+    log_final(logger, record, step=7)
+    summary = logger.experiment.summary
+    assert summary["final/speedup_vs_ssgd"] == 2.0 / 0.7 and summary["final/steady_step_seconds"] == 0.25
+    assert summary["final/speedup_baseline"] == "g/ssgd" and summary["final/timeline"] == [[1.0, 0.4]]
+    finals = {"final/test_acc": 0.5, "final/steady_step_seconds": 0.25, "final/speedup_vs_ssgd": 2.0 / 0.7}
+    assert logger.metrics == [(7, {**finals, "final/finished_at": 123.0})]
+    assert logger.finished  # a torchrun multirun fits the next job in the same process
 
 
 def test_wandb_mode_follows_env_key_and_pytest(tmp_path):

@@ -6,7 +6,6 @@ The second pass, which imports the ``_target_`` classes, is in ``objects``.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,8 +15,10 @@ METHODS = {
     "CoCoDStrategy": "cocod",
     "LocalSGDStrategy": "local_sgd",
     "PipeSGDStrategy": "pipe_sgd",
+    "SSGDStrategy": "ssgd",
     "DDPStrategy": "ssgd",
 }
+PERIODIC = ("cocod", "local_sgd")  # the methods with a period; the others ignore ``tau``
 LAUNCHERS = {
     # The cpu/gpu launchers start the ranks of each job themselves; torchrun/slurm find them started.
     "cpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "rate", "timeout_s"},
@@ -28,11 +29,11 @@ LAUNCHERS = {
 TOP_KEYS = {
     *("strategy", "model", "dataset", "data", "launcher", "logger", "trainer"),
     *("name", "group", "run_id", "out_root", "seed", "max_epochs", "max_steps", "target_accuracy"),
-    "step_time_warmup",
+    *("tau", "step_time_warmup", "progress_every_s"),
     "hetero",
     "checkpoint",
 }
-CHECKPOINT_KEYS = {"every_n_epochs", "resume"}
+CHECKPOINT_KEYS = {"every_n_epochs", "every_n_steps", "every_n_minutes", "resume"}
 HETERO_KEYS = {"proportional", "batch_sizes", "every_n_epochs", "slowdown"}
 DATASET_KEYS = {"name", "num_classes", "in_channels"}
 # Trainer arguments the app derives from the launcher, strategy and logger groups.
@@ -72,36 +73,47 @@ def _check_hetero(cfg: DictConfig, method: str) -> None:
         sizes = list(hetero.batch_sizes)
         total = cfg.data.batch_size * workers
         if len(sizes) != workers or not all(_is_int(b) and b >= 1 for b in sizes) or sum(sizes) != total:
-            raise bad("hetero.batch_sizes", sizes, f"{workers} positive integers summing to {total} (data.batch_size x workers)")
+            raise bad(
+                "hetero.batch_sizes",
+                sizes,
+                f"{workers} positive integers summing to {total} (data.batch_size x workers)",
+            )
     if (hetero.proportional or hetero.batch_sizes is not None) and method not in ("cocod", "local_sgd"):
-        raise bad("hetero.proportional", hetero.proportional, f"false with strategy {method} (it averages uniformly)")
+        raise bad(
+            "hetero.proportional",
+            hetero.proportional,
+            f"false with strategy {method} (it averages uniformly)",
+        )
     if hetero.slowdown is not None:
         factors = list(hetero.slowdown)
-        if len(factors) != workers or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in factors):
-            raise bad("hetero.slowdown", factors, f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])")
+        if len(factors) != workers or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in factors
+        ):
+            raise bad(
+                "hetero.slowdown", factors, f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
+            )
 
 
 def _check_checkpoint(cfg: DictConfig) -> None:
     checkpoint = cfg.checkpoint
     _unknown(checkpoint, "checkpoint", CHECKPOINT_KEYS)
-    every = checkpoint.every_n_epochs
-    if not _is_int(every) or every < 0:
-        raise bad("checkpoint.every_n_epochs", every, "an integer >= 0 (0: no checkpoints)")
+    for key in ("every_n_epochs", "every_n_steps"):
+        every = checkpoint[key]
+        if not _is_int(every) or every < 0:
+            raise bad(f"checkpoint.{key}", every, "an integer >= 0 (0: not on this schedule)")
+    if not _is_number(checkpoint.every_n_minutes) or checkpoint.every_n_minutes < 0:
+        raise bad(
+            "checkpoint.every_n_minutes",
+            checkpoint.every_n_minutes,
+            "a number >= 0 (0: not on this schedule)",
+        )
     resume = checkpoint.resume
     if resume is not None and (not isinstance(resume, str) or not resume):
         raise bad("checkpoint.resume", resume, "null, last, or the path of a .ckpt file")
 
 
-def resume_checkpoint(cfg: DictConfig, job_dir: Path) -> str | None:
-    """The checkpoint a run continues from, checked to exist, or None for a fresh start."""
-    resume = cfg.checkpoint.resume
-    if resume is None:
-        return None
-    path = job_dir / "checkpoints" / "last.ckpt" if resume == "last" else Path(resume).expanduser()
-    if not path.is_file():
-        where = f"no {path}: pass the run_id of the run to continue" if resume == "last" else f"no file {path}"
-        raise bad("checkpoint.resume", resume, f"null, last, or the path of a .ckpt file ({where})")
-    return str(path)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
@@ -173,14 +185,14 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.data.get("eval_batch_size") is not None:
         _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
 
+    if not _is_number(cfg.progress_every_s) or cfg.progress_every_s < 0:
+        raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
-    if method == "cocod" and cfg.strategy.get("tau") == "auto":
-        pass  # CoCoDStrategy checks tau_min/tau_max itself when it is built
-    elif method in ("cocod", "local_sgd"):
-        _positive_int(
-            "strategy.tau",
-            cfg.strategy.get("tau"),
-            "a positive integer (optimizer steps per round)" + (", or 'auto'" if method == "cocod" else ""),
+    _check_tau(cfg, method)
+    timeout = cfg.strategy.get("timeout")
+    if "timeout" in cfg.strategy and (not _is_number(timeout) or timeout <= 0):
+        raise bad(
+            "strategy.timeout", timeout, "a positive number of seconds (how long a collective may wait)"
         )
     _check_hetero(cfg, method)
     _check_checkpoint(cfg)
@@ -195,6 +207,27 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.{bad_trainer[0]} is set by the app; use the launcher/strategy/logger groups instead"
         )
+
+
+def _check_tau(cfg: DictConfig, method: str) -> None:
+    if cfg.tau != "auto":
+        _positive_int(
+            "tau",
+            cfg.tau,
+            "a positive integer (optimizer steps per round of cocod and local_sgd; the other "
+            "methods ignore it), or 'auto' (cocod)",
+        )
+    if method not in PERIODIC:
+        return
+    # Name the key the user wrote: the strategy's tau is ${tau} unless strategy.tau was set.
+    key = "tau" if OmegaConf.to_container(cfg.strategy).get("tau") == "${tau}" else "strategy.tau"
+    tau = cfg.strategy.get("tau")
+    if method == "cocod" and tau == "auto":
+        return  # CoCoDStrategy checks tau_min/tau_max itself when it is built
+    accepted = "a positive integer (optimizer steps per round)" + (
+        ", or 'auto'" if method == "cocod" else f" with strategy {method} ('auto' is for cocod)"
+    )
+    _positive_int(key, tau, accepted)
 
 
 def _check_launcher(cfg: DictConfig) -> None:

@@ -1,18 +1,20 @@
 """One rank's share of a run: build everything from the resolved config, fit, test, and on rank 0
-write the run record (run.json, the group ledger, the logger's final figures)."""
+write the run record (the group ledger, the logger's final figures, run.json)."""
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lightning_cocod.app import ledger
-from lightning_cocod.app.checks import resume_checkpoint
+from lightning_cocod.app.files import resume_checkpoint
+from lightning_cocod.app.condition import condition, condition_id, measured
 from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
+from lightning_cocod.app.record import write_finished
 
 
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
@@ -35,23 +37,45 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
         accelerator=cfg.launcher.accelerator,
         devices=cfg.launcher.devices,
         num_nodes=cfg.launcher.num_nodes,
-        enable_checkpointing=cfg.checkpoint.every_n_epochs > 0,
+        enable_checkpointing=checkpoints_on(cfg),
     )
     return kwargs
 
 
-def _checkpoint_callbacks(cfg: DictConfig, job_dir: Path) -> list[Any]:
-    from pytorch_lightning.callbacks import ModelCheckpoint
+def checkpoints_on(cfg: DictConfig) -> bool:
+    ckpt = cfg.checkpoint
+    return bool(ckpt.every_n_epochs or ckpt.every_n_steps or ckpt.every_n_minutes)
 
-    if cfg.checkpoint.every_n_epochs == 0:
+
+def _checkpoint_callbacks(cfg: DictConfig, job_dir: Path, resume: str | None) -> list[Any]:
+    from lightning_cocod.callbacks import PeriodicCheckpoint
+
+    if not checkpoints_on(cfg):
         return []
-    # last.ckpt only: it is rewritten atomically by the strategies, and a fresh run in a folder
-    # that already holds one writes last-v1.ckpt rather than replace it.
+    ckpt = cfg.checkpoint
     return [
-        ModelCheckpoint(
-            dirpath=job_dir / "checkpoints", save_top_k=0, save_last=True, every_n_epochs=cfg.checkpoint.every_n_epochs
+        PeriodicCheckpoint(
+            job_dir / "checkpoints",
+            every_n_epochs=ckpt.every_n_epochs,
+            every_n_steps=ckpt.every_n_steps,
+            every_n_minutes=ckpt.every_n_minutes,
+            resume_from=resume,
         )
     ]
+
+
+def _progress_callbacks(cfg: DictConfig, job_dir: Path, title: str) -> list[Any]:
+    from lightning_cocod.callbacks import ProgressLine
+
+    if not cfg.progress_every_s:
+        return []
+    # The cpu/gpu launchers send the ranks' output to files: rank 0 writes the line for them.
+    path = progress_path(job_dir) if cfg.launcher.name in ("cpu", "gpu") else None
+    return [ProgressLine(title, every_s=cfg.progress_every_s, path=path)]
+
+
+def progress_path(job_dir: Path) -> Path:
+    return job_dir / "workers" / "progress.txt"
 
 
 def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
@@ -73,32 +97,53 @@ def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
 
 
 def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
-    """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``."""
+    """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``.
+
+    The record is computed here only: rank 0 adds it to the group ledger (which gives its
+    speedup), logs it and writes it; the console line of the launcher prints the same record.
+    """
     import pytorch_lightning as pl
     import torch
     from hydra.utils import instantiate
 
     import lightning_cocod  # noqa: F401 - registers the strategy names
+    from lightning_cocod.app.objects import build_strategy
     from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     pl.seed_everything(cfg.seed, workers=True)
-    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), instantiate(cfg.strategy)
+    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), build_strategy(cfg.strategy)
+    resume = resume_checkpoint(cfg, job_dir, verify=False)  # the launcher verified it
     timer = StepTimer()
     timeline = AccuracyTimeline(timer, metric="val/acc", target=cfg.target_accuracy)
     logger = build_logger(cfg.logger, job_dir, identity)
+    callbacks = [
+        timer,
+        timeline,
+        *_hetero_callbacks(cfg),
+        *_checkpoint_callbacks(cfg, job_dir, resume),
+        *_progress_callbacks(cfg, job_dir, identity["name"]),
+    ]
     trainer = pl.Trainer(
         **_trainer_kwargs(cfg),
         strategy=strategy,
         logger=logger,
-        callbacks=[timer, timeline, *_hetero_callbacks(cfg), *_checkpoint_callbacks(cfg, job_dir)],
+        callbacks=callbacks,
         default_root_dir=str(job_dir),
     )
-    log_start(logger, identity, to_plain(cfg))
-    trainer.fit(model, datamodule=data, ckpt_path=resume_checkpoint(cfg, job_dir))
+    config = to_plain(cfg)
+    cond = condition(config, measured(trainer, cfg.launcher.get("rate")))
+    identity = {
+        **identity,
+        "condition": cond,
+        "condition_id": condition_id(cond),
+        "link": cond["measured"]["link"],
+    }
+    log_start(logger, identity, config)
+    trainer.fit(model, datamodule=data, ckpt_path=resume)
     train_seconds = timer.elapsed  # before testing adds to the clock
-    # S-SGD is Lightning's DDPStrategy, which keeps no CommStats.
+    # Lightning's DDPStrategy keeps no CommStats.
     comm = strategy.comm_stats.summary() if hasattr(strategy, "comm_stats") else {}
     tested = trainer.test(model, datamodule=data, verbose=False)[0]
     if trainer.global_rank != 0:
@@ -113,6 +158,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "samples_per_second": identity["global_batch_size"] / step if step else None,
         "train_seconds": train_seconds,
         "steps": trainer.global_step,
+        "steps_trained": len(timer.step_ends),  # by this invocation: fewer than steps when resumed
+        "resumed_from": resume,
         "target_accuracy": cfg.target_accuracy,
         "time_to_target_seconds": timeline.time_to_target,
         # With no finished round there is no share to speak of (CommStats would say 1.0).
@@ -120,14 +167,10 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "comm_seconds": comm.get("comm_seconds"),
         "exposed_seconds": comm.get("exposed_seconds"),
         "rounds": comm.get("rounds"),
-        "speedup_vs_ssgd": None,
         "timeline": timeline.points,
+        "finished_at": time.time(),
     }
-    record, filled = ledger.add_run(Path(identity["ledger"]), record)
-    if filled:
-        print(
-            f"S-SGD baseline recorded: speedup of {len(filled)} earlier run(s) updated in {identity['ledger']}"
-        )
+    record = ledger.add_run(Path(identity["ledger"]), record)
     log_final(logger, record, trainer.global_step)
-    (job_dir / "run.json").write_text(json.dumps(record, indent=1))
+    write_finished(job_dir, config, record)
     return record

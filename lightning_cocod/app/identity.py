@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lightning_cocod.app.checks import method_of
+from lightning_cocod.app.checks import PERIODIC, method_of
 
 _SOURCE = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,11 @@ def ledger_path(out_root: Path, group: str) -> Path:
 
 
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
-    """What every record of this run carries (run.json, logger config, ledger)."""
+    """What every record of this run carries (run.json, logger config, ledger); the worker adds
+    the condition it measured (``app.condition``)."""
     out_root = Path(cfg.out_root).resolve()
     method = method_of(cfg.strategy)
-    tau = cfg.strategy.get("tau") if method in ("cocod", "local_sgd") else None
+    tau = cfg.strategy.get("tau") if method in PERIODIC else None
     workers = world_size(cfg)
     commit, dirty = git_commit()
     try:
@@ -73,7 +74,9 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "dataset": cfg.dataset.name,
         "batch_size": cfg.data.batch_size,
         "global_batch_size": cfg.data.batch_size * workers,
-        "link": cfg.launcher.get("rate"),  # a shaped loopback (cpu launcher) makes step times incomparable
+        # The link it really ran over is measured on the worker (app.condition): without root a
+        # rate asked for runs unshaped.
+        "rate_requested": cfg.launcher.get("rate"),
         "git_commit": commit,
         "git_dirty": dirty,
         "dir": str(job_dir),

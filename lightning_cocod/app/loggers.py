@@ -22,6 +22,7 @@ FINAL_KEYS = (
     "exposed_seconds",
     "rounds",
     "speedup_vs_ssgd",
+    "finished_at",  # Unix time: which of two S-SGD runs of one condition came first
 )
 REDACTED = "<redacted>"
 
@@ -93,7 +94,10 @@ def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
     logger.log_metrics(finals, step=step)
     points = [[p["seconds"], p["accuracy"]] for p in record.get("timeline", [])]
     if is_wandb(logger):
-        logger.experiment.summary.update({**finals, "final/timeline": points})
+        baseline = (
+            {"final/speedup_baseline": record["speedup_baseline"]} if record.get("speedup_baseline") else {}
+        )
+        logger.experiment.summary.update({**finals, **baseline, "final/timeline": points})
         logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
         return
     for point in record.get("timeline", []):

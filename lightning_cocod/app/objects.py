@@ -5,11 +5,14 @@ own argument checks run before any process starts. Imports torch and Lightning (
 from __future__ import annotations
 
 import inspect
+import typing
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, bad, first_line
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -36,7 +39,28 @@ def check_objects(cfg: DictConfig) -> None:
             raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
         _check_signature(path, target, node)
     _check_signature("trainer", _trainer_class(), cfg.trainer, frozenset(APP_TRAINER_KEYS))
+    _check_annotations("trainer", _trainer_class(), cfg.trainer)
     _build_cheap_objects(cfg)
+
+
+def build_strategy(node: DictConfig) -> Any:
+    """The strategy of a config node; ``timeout`` (seconds in the config) as the timedelta that
+    Lightning's DDPStrategy takes."""
+    from hydra.utils import instantiate
+
+    timeout = node.get("timeout")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return instantiate(node, timeout=timedelta(seconds=timeout))
+    return instantiate(node)
+
+
+def _check_annotations(path: str, target: Any, node: DictConfig) -> None:
+    hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    values = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(values, dict)
+    for key, value in values.items():
+        if key in hints and not accepts(hints[key], value):
+            raise bad(f"{path}.{key}", value, describe(hints[key]))
 
 
 def _trainer_class() -> Any:
@@ -72,11 +96,20 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
             raise bad(
                 "launcher.rate", cfg.launcher.rate, "null or a tc rate like '300mbit', '1gbit'"
             ) from None
-    for section in ("strategy", "data"):
+    built = {}
+    for section, build in (("strategy", build_strategy), ("data", instantiate)):
         try:
-            instantiate(cfg[section])
+            built[section] = build(cfg[section])
         except Exception as err:  # noqa: BLE001
             raise ConfigError(f"{section}: {first_line(err.__cause__ or err)}") from None
+    _check_batch_fits(cfg, built["data"])
+    strategy = type(built["strategy"]).__name__
+    if cfg.checkpoint.every_n_minutes and not hasattr(built["strategy"], "request_checkpoint"):
+        raise bad(
+            "checkpoint.every_n_minutes",
+            cfg.checkpoint.every_n_minutes,
+            f"0 with {strategy}, which cannot checkpoint on request (use every_n_steps)",
+        )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)
@@ -87,6 +120,18 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
         raise ConfigError(f"model: {first_line(err)}") from None
     _check_cifar_files(cfg)
     _check_gpus(cfg)
+
+
+def _check_batch_fits(cfg: DictConfig, data: Any) -> None:
+    samples = getattr(data, "num_train_samples", None)
+    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    if samples is not None and cfg.data.batch_size * workers > samples:
+        raise bad(
+            "data.batch_size",
+            cfg.data.batch_size,
+            f"at most {samples // workers} with {workers} workers (one global batch of batch_size x "
+            f"workers must fit in the {samples} training samples)",
+        )
 
 
 def _check_gpus(cfg: DictConfig) -> None:

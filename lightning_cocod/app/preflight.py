@@ -8,14 +8,16 @@ the first problem becomes one line naming the key and what it accepts.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import ConfigError, check_values, resume_checkpoint
+from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, method_of
+from lightning_cocod.app.files import check_out_root, resume_checkpoint
 from lightning_cocod.app.objects import check_objects
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
@@ -83,7 +85,12 @@ def explain(err: Exception, conf: Path, config_name: str, overrides: list[str]) 
             accepted = ", ".join(sorted(map(str, node)))
         except Exception:  # noqa: BLE001 - the listing is a courtesy; the key is what matters
             accepted = "see conf/"
-        return f"unknown key '{key}'; {parent or 'the top level'} accepts: {accepted} (+{key}=... adds a key)"
+        hint = (
+            "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
+            if key == "strategy.tau"
+            else f" (+{key}=... adds a key)"
+        )
+        return f"unknown key '{key}'; {parent or 'the top level'} accepts: {accepted}{hint}"
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     cause = (
         f" ({str(err.__cause__).strip().splitlines()[0]})"
@@ -97,7 +104,8 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
     """Check every job of ``argv`` (the app's own command line); returns the composed configs.
 
     Raises ConfigError on the first problem. Command lines that do not run jobs (``--help``,
-    ``--info``, ...) or that point Hydra at other config folders are left to Hydra.
+    ``--cfg``, ``--info``, ...) or that point Hydra at other config folders are left to Hydra: they
+    need no data, no checkpoint and no writable output folder.
     """
     from hydra import initialize_config_dir
     from hydra._internal.utils import get_args_parser
@@ -107,6 +115,7 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
         (
             args.help,
             args.hydra_help,
+            args.cfg,
             args.info,
             args.shell_completion,
             args.config_path,
@@ -122,12 +131,67 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
         configs = [compose_job(conf, config_name, overrides) for overrides in jobs]
     for overrides, cfg in zip(jobs, configs):
         _label(check_values, cfg, overrides, len(jobs))
+        _label(lambda c: check_out_root(c.out_root), cfg, overrides, len(jobs))
     if not args.multirun:  # a sweep's job folders are Hydra's to name: each job checks its own
-        resume_checkpoint(configs[0], Path(configs[0].out_root) / configs[0].name / configs[0].run_id)
+        resume_checkpoint(configs[0], run_dir(configs[0], args.overrides))
     # The import-heavy pass (torch, Lightning) only once every job has passed the cheap one.
     for overrides, cfg in zip(jobs, configs):
         _label(check_objects, cfg, overrides, len(jobs))
     return configs
+
+
+def run_dir(cfg: DictConfig, overrides: Sequence[str]) -> Path:
+    """The folder of a single run, as Hydra will name it."""
+    given = [o.partition("=")[2] for o in overrides if o.startswith("hydra.run.dir=")]
+    return Path(given[-1]) if given else Path(cfg.out_root) / cfg.name / cfg.run_id
+
+
+def duplicate_jobs(configs: Sequence[DictConfig]) -> dict[int, int]:
+    """Job number -> the earlier job it repeats: a sweep over ``tau`` runs S-SGD and Pipe-SGD,
+    which have no period, once per condition rather than once per value of ``tau``."""
+    first: dict[str, int] = {}
+    repeats = {}
+    for num, cfg in enumerate(configs):
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(plain, dict)
+        plain.pop("run_id", None)
+        plain["launcher"].pop("run_id", None)  # a clock: two jobs may straddle a second
+        if method_of(cfg.strategy) not in PERIODIC:
+            plain.pop("tau", None)
+        key = json.dumps(plain, sort_keys=True, default=str)
+        if key in first:
+            repeats[num] = first[key]
+        else:
+            first[key] = num
+    return repeats
+
+
+def ssgd_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a sweep over ``strategy`` moved first and ``ssgd`` first in it, so a sweep
+    runs its S-SGD jobs before the others and each other run's speedup is known when it ends."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+    from hydra.errors import HydraException
+
+    argv = list(argv)
+    args = get_args_parser().parse_args(argv)
+    if not args.multirun or not args.overrides:
+        return argv
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+    except HydraException:
+        return argv  # preflight says what is wrong with it
+    for override in parsed:
+        value = override.value() if override.key_or_group == "strategy" and override.package is None else None
+        simple = isinstance(value, ChoiceSweep) and value.simple_form and override.input_line in argv
+        if simple and "ssgd" in value.list:
+            choices = ["ssgd", *(c for c in value.list if c != "ssgd")]
+            first = argv.index(args.overrides[0])
+            argv.remove(override.input_line)
+            argv.insert(first, "strategy=" + ",".join(map(str, choices)))
+            break
+    return argv
 
 
 def _label(check, cfg: DictConfig, overrides: list[str], n_jobs: int) -> None:

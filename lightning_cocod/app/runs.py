@@ -6,7 +6,7 @@ Sources, all reduced to the flat record ``fit_run`` writes (identity + final fig
   downloaded ones; wandb's offline runs keep both only inside their binary .wandb file);
 - CSV logs: ``metrics.csv`` with the ``hparams.yaml`` beside it.
 Records of one run found in several places are merged; a field missing in one is taken from
-another (the ledger knows a speedup that was learnt after the run's own files were written).
+another (a CSV log holds numbers only, run.json the whole record).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ class _CifarSpec:
     train_files: tuple[str, ...]
     test_file: str
     label_key: bytes
+    num_train: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
@@ -43,6 +44,7 @@ SPECS = {
         train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
         test_file="test_batch",
         label_key=b"labels",
+        num_train=50_000,
         mean=(0.4914, 0.4822, 0.4465),
         std=(0.2470, 0.2435, 0.2616),
     ),
@@ -54,6 +56,7 @@ SPECS = {
         train_files=("train",),
         test_file="test",
         label_key=b"fine_labels",
+        num_train=50_000,
         mean=(0.5071, 0.4865, 0.4409),
         std=(0.2673, 0.2564, 0.2762),
     ),
@@ -62,7 +65,7 @@ SPECS = {
 
 def _spec(dataset: str) -> _CifarSpec:
     if dataset not in SPECS:
-        raise ValueError(f"dataset={dataset!r} is not supported; accepted: {', '.join(map(repr, SPECS))}")
+        raise ValueError(f"CIFAR: dataset={dataset!r} is invalid; accepted: {', '.join(map(repr, SPECS))}")
     return SPECS[dataset]
 
 
@@ -146,6 +149,11 @@ class CIFARDataModule(InMemoryDataModule):
         )
         self.root, self.dataset, self.download = Path(root), dataset, download
         self.num_classes = 100 if dataset == "cifar100" else 10
+
+    @property
+    def num_train_samples(self) -> int:
+        """Training set size, known without reading the files (the app checks a global batch fits)."""
+        return _spec(self.dataset).num_train
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node, so ranks do not download concurrently.

@@ -10,6 +10,7 @@ from sklearn.model_selection import train_test_split
 
 from lightning_cocod.data.base import InMemoryDataModule
 
+NUM_IMAGES = 1797
 NUM_TEST = 360  # 1,437 training images; a fixed stratified split so runs are comparable
 
 
@@ -31,6 +32,11 @@ class DigitsDataModule(InMemoryDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size, per_rank_batch_sizes, eval_batch_size, seed)
+
+    @property
+    def num_train_samples(self) -> int:
+        """Training set size, known without loading the data (the app checks a global batch fits)."""
+        return NUM_IMAGES - NUM_TEST
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_tensors is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,19 @@ class SyntheticDataModule(InMemoryDataModule):
         eval_batch_size: int | None = None,
         augment: bool = True,
     ) -> None:
+        _require_int(num_samples, "num_samples", 1)
+        _require_int(num_eval_samples, "num_eval_samples", 1)
+        _require_int(num_classes, "num_classes", 1)
+        shape = (
+            list(image_shape)
+            if isinstance(image_shape, Sequence) and not isinstance(image_shape, str)
+            else []
+        )
+        if not shape or not all(_is_int(d) and d >= 1 for d in shape):
+            raise ValueError(
+                f"SyntheticDataModule: image_shape={image_shape!r} is invalid; accepted: positive integers, "
+                "channels first, e.g. [3, 32, 32]"
+            )
         channels = image_shape[0]
         # Statistics of the uniform distribution on [0, 1]: mean 1/2, std 1/sqrt(12).
         super().__init__(
@@ -43,6 +57,11 @@ class SyntheticDataModule(InMemoryDataModule):
         self.num_samples, self.num_eval_samples = num_samples, num_eval_samples
         self.num_classes, self.image_shape = num_classes, tuple(image_shape)
 
+    @property
+    def num_train_samples(self) -> int:
+        """Training set size, known without generating the data (the app checks a global batch fits)."""
+        return self.num_samples
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_tensors is not None:
             return
@@ -52,3 +71,14 @@ class SyntheticDataModule(InMemoryDataModule):
         y = torch.randint(0, self.num_classes, (n,), generator=g)
         self.train_tensors = (x[: self.num_samples], y[: self.num_samples])
         self.eval_tensors = (x[self.num_samples :], y[self.num_samples :])
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_int(value: object, name: str, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        raise ValueError(
+            f"SyntheticDataModule: {name}={value!r} is invalid; accepted: an integer >= {minimum}"
+        )

@@ -1,0 +1,50 @@
+"""A run's files: what its workers start from, and the record of a finished run.
+
+``workers/job.yaml`` and ``workers/identity.json`` are what the cpu/gpu launchers hand the
+ranks. ``resolved.yaml`` (the config, the git commit on its first line) and ``run.json`` (the
+record ``fit_run`` computes) describe a finished run: they are written when it ends, and at the
+start only where the folder has none yet, so a resumed run that fails leaves the records of the
+run it continued as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+JOB_CONFIG = "workers/job.yaml"
+JOB_IDENTITY = "workers/identity.json"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # a reader sees the old file or the new one, never half of one
+
+
+def resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:
+    dirty = " (uncommitted changes)" if identity.get("git_dirty") else ""
+    return f"# git commit {identity['git_commit']}{dirty}\n" + OmegaConf.to_yaml(OmegaConf.create(config))
+
+
+def write_start(job_dir: Path, config: dict[str, Any], identity: dict[str, Any]) -> None:
+    """The workers' inputs; ``resolved.yaml`` too when this folder holds no run yet."""
+    text = resolved_yaml(config, identity)
+    atomic_write(job_dir / JOB_CONFIG, text)
+    atomic_write(job_dir / JOB_IDENTITY, json.dumps(identity, indent=1))
+    if not (job_dir / "resolved.yaml").exists():
+        atomic_write(job_dir / "resolved.yaml", text)
+
+
+def read_start(job_dir: Path) -> tuple[Any, dict[str, Any]]:
+    return OmegaConf.load(job_dir / JOB_CONFIG), json.loads((job_dir / JOB_IDENTITY).read_text())
+
+
+def write_finished(job_dir: Path, config: dict[str, Any], record: dict[str, Any]) -> None:
+    atomic_write(job_dir / "resolved.yaml", resolved_yaml(config, record))
+    atomic_write(job_dir / "run.json", json.dumps(record, indent=1))
