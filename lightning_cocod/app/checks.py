@@ -23,8 +23,8 @@ LAUNCHERS = {
     # The cpu/gpu launchers start the ranks of each job themselves; torchrun/slurm find them started.
     "cpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "rate", "timeout_s"},
     "gpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "timeout_s"},
-    "torchrun": {"accelerator", "devices", "num_nodes", "backend"},
-    "slurm": {"accelerator", "devices", "num_nodes", "backend"},
+    "torchrun": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker"},
+    "slurm": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker"},
 }
 TOP_KEYS = {
     *("strategy", "model", "dataset", "data", "launcher", "logger", "trainer"),
@@ -238,6 +238,8 @@ def _check_launcher(cfg: DictConfig) -> None:
     _unknown(launcher, "launcher", LAUNCHERS[name] | {"name", "run_id"})
     _positive_int("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
     _positive_int("launcher.num_nodes", launcher.num_nodes)
+    if launcher.get("threads_per_worker") is not None:
+        _positive_int("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive integer")
     if name in ("cpu", "gpu"):
         if launcher.num_nodes != 1:
             raise bad(
@@ -248,10 +250,6 @@ def _check_launcher(cfg: DictConfig) -> None:
         timeout = launcher.timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise bad("launcher.timeout_s", timeout, "a positive number of seconds")
-        if launcher.get("threads_per_worker") is not None:
-            _positive_int(
-                "launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive integer"
-            )
     elif cfg.run_id in ("none", ""):
         raise bad(
             "run_id",

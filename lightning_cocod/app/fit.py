@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lightning_cocod.app import ledger
-from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.condition import condition, condition_id, measured
+from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
 from lightning_cocod.app.record import write_finished
 
@@ -96,6 +97,20 @@ def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
     return callbacks
 
 
+def threads_per_rank(launcher: DictConfig, env: Mapping[str, str]) -> int:
+    """Compute threads of one rank: ``launcher.threads_per_worker``; else OMP_NUM_THREADS (the
+    cpu/gpu launchers set it, as torchrun does for several processes a node); else the cores of
+    the task (SLURM_CPUS_PER_TASK) or of the node shared by its ranks, so ranks never fight."""
+    if launcher.get("threads_per_worker"):
+        return int(launcher.threads_per_worker)
+    if env.get("OMP_NUM_THREADS"):
+        return int(env["OMP_NUM_THREADS"])
+    if env.get("SLURM_CPUS_PER_TASK"):
+        return int(env["SLURM_CPUS_PER_TASK"])
+    ranks_here = int(env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or launcher.devices)
+    return max(1, (os.cpu_count() or 1) // ranks_here)
+
+
 def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
     """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``.
 
@@ -110,8 +125,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
     from lightning_cocod.app.objects import build_strategy
     from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 
-    if os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_num_threads(threads_per_rank(cfg.launcher, os.environ))
     pl.seed_everything(cfg.seed, workers=True)
     data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), build_strategy(cfg.strategy)
     resume = resume_checkpoint(cfg, job_dir, verify=False)  # the launcher verified it

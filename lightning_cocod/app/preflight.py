@@ -24,12 +24,16 @@ CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
 
 
 def config_dir() -> Path:
-    """conf/ at the repository root (source checkout or editable install), or $COCOD_CONFIG_DIR."""
+    """Where the configs are: $COCOD_CONFIG_DIR when set; the ones installed with the package
+    (lightning_cocod/conf in a wheel); else conf/ of the source checkout (an editable install)."""
     override = os.environ.get(CONFIG_DIR_ENV)
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "conf"
+    installed = Path(__file__).resolve().parents[1] / "conf"
+    checkout = Path(__file__).resolve().parents[2] / "conf"
+    path = Path(override) if override else installed if (installed / "train.yaml").is_file() else checkout
     if not (path / "train.yaml").is_file():
+        where = f"{CONFIG_DIR_ENV}={override}" if override else "this installation"
         raise ConfigError(
-            f"no train.yaml in {path}: run from a source checkout (pip install -e .) or set {CONFIG_DIR_ENV}"
+            f"no train.yaml in {path} ({where}): reinstall lightning_cocod, or set {CONFIG_DIR_ENV} to a config folder"
         )
     return path
 

@@ -1,0 +1,85 @@
+"""Multi-node launches through the engines users run: two torchrun agents on this machine (CPU,
+gloo), and the environment a SLURM job derives its ranks, addresses and run id from."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from lightning_cocod.app.fit import threads_per_rank
+from lightning_cocod.app.preflight import config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
+    port, agents = free_port(), []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for node in (0, 1):
+        agents.append(subprocess.Popen(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                "-m", "lightning_cocod.train", "launcher=torchrun", "experiment=smoke", "run_id=two-agents",
+                f"out_root={tmp_path}", "launcher.threads_per_worker=1",  # both agents share 2 cores here
+            ],
+            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        ))
+    outputs = [agent.communicate(timeout=220)[0] for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    record = json.loads((tmp_path / "smoke" / "two-agents" / "run.json").read_text())
+    measured = record["condition"]["measured"]
+    assert record["workers"] == 2 and record["test_acc"] is not None and record["steps"] == 16
+    # The launcher picked what this machine has: the CPU and gloo, one thread per rank as asked.
+    assert measured["accelerator"] == "cpu" and measured["threads"] == 1 and measured["world_size"] == 2
+    assert record["condition"]["config"]["launcher"]["name"] == "torchrun"
+
+
+SLURM_TASK_3 = {  # task 3 of a 2-node x 2-task job, on the second node
+    "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_NNODES": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+    "SLURM_NODELIST": "gpu[07-08]", "SLURM_CPUS_PER_TASK": "6",
+}
+
+
+def test_a_slurm_task_derives_its_rank_address_and_run_id(monkeypatch):
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_", "MASTER_", "LOCAL_", "RANK", "WORLD"))]:
+        monkeypatch.delenv(key)
+    for key, value in SLURM_TASK_3.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
+        cfg = compose("train", ["launcher=slurm", "experiment=smoke"])
+    assert (cfg.launcher.devices, cfg.launcher.num_nodes, cfg.run_id) == (2, 2, "4242")
+    assert threads_per_rank(cfg.launcher, os.environ) == 6  # SLURM_CPUS_PER_TASK
+    from pytorch_lightning.plugins.environments import SLURMEnvironment
+
+    env = SLURMEnvironment()
+    assert env.detect()
+    assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (3, 1, 1, 4)
+    assert (env.main_address, env.main_port) == ("gpu07", 29500)  # the first node of the list
+    script = (ROOT / "recipes" / "slurm.sbatch").read_text()
+    assert "srun python -m lightning_cocod.train --multirun launcher=slurm" in script
+
+
+def test_threads_per_rank_never_oversubscribes_a_node(monkeypatch):
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
+        cfg = compose("train", ["launcher=torchrun", "experiment=smoke", "run_id=x"])
+    cores = os.cpu_count() or 1
+    assert threads_per_rank(cfg.launcher, {"LOCAL_WORLD_SIZE": "1"}) == cores
+    assert threads_per_rank(cfg.launcher, {"LOCAL_WORLD_SIZE": str(2 * cores)}) == 1
+    assert threads_per_rank(cfg.launcher, {"OMP_NUM_THREADS": "3", "LOCAL_WORLD_SIZE": "1"}) == 3
