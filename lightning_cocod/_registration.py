@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import sys
 import threading
+import warnings
 from typing import Any
 
 # The Lightning package of a namespace, and the module of ours that holds its classes.
@@ -33,7 +34,10 @@ def _fully_imported(name: str) -> bool:
 def _install(package: str) -> None:
     with _lock:
         _waiting.discard(package)
-    importlib.import_module(NAMESPACES[package])
+    try:
+        importlib.import_module(NAMESPACES[package])
+    except Exception as err:  # noqa: BLE001 - never break the user's import of Lightning
+        warnings.warn(f"lightning_cocod could not register its strategies in {package}: {err}", stacklevel=2)
 
 
 class _LoaderThenRegister:

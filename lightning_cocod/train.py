@@ -127,7 +127,7 @@ def _is_preemption(err: BaseException) -> bool:
     very process (torchrun/SLURM), or ranks that exited with its code under the cpu/gpu launchers
     (``WorkersPreempted``; or a ``WorkerFailed`` with its code, from a launcher without it)."""
     import lightning_cocod
-    import lightning_cocod.launch as launch
+    from lightning_cocod import launch
 
     kinds = (getattr(launch, "WorkersPreempted", None), getattr(lightning_cocod, "Preempted", None))
     if isinstance(err, tuple(k for k in kinds if isinstance(k, type))):
@@ -144,8 +144,11 @@ def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, er
     # A sweep's job folder, or one given by hand, is named in full; a single run's by its run_id.
     named = multirun or any(o.startswith("hydra.run.dir=") for o in task)
     where = [f"hydra.run.dir={job_dir}"] if named else [f"run_id={job_dir.name}"]
-    command = shlex.join(["cocod-train", *keep, *where, "checkpoint.resume=last"])
-    return f"{name}: preempted; checkpoint {saved[-1]}; resume with: {command}"
+    overrides = [*keep, *where, "checkpoint.resume=last"]
+    if hydra_cfg.runtime.choices.get("launcher") in ("torchrun", "slurm"):
+        how = "launch it again as before (torchrun / sbatch), with the overrides"
+        return f"{name}: preempted; checkpoint {saved[-1]}; to resume, {how}: {shlex.join(overrides)}"
+    return f"{name}: preempted; checkpoint {saved[-1]}; resume with: {shlex.join(['cocod-train', *overrides])}"
 
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:

@@ -42,8 +42,10 @@ def test_adaptive_period_hides_the_measured_communication():
 
 def test_adaptive_period_amortises_the_rounds_own_cost():
     period = AdaptivePeriod(margin=1.2, overhead=0.02, smoothing=1.0, patience=1)
-    # A fast link hides in one step, but a 10 ms round over 0.1 s steps needs 5 steps to stay
-    # under 2%: ceil(0.01 / (0.02 * 0.1)).
+    # One round's own work is not enough to go by: hiding alone asks for ceil(1.2 * 0.05 / 0.1) = 1.
+    assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.01) == 1
+    # With two, a fast link hides in one step, but a 10 ms round over 0.1 s steps needs 5 steps
+    # to stay under 2%: ceil(0.01 / (0.02 * 0.1)).
     assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.01) == 5
     # The slower link asks for more: the larger of the two wins.
     assert period.update(comm_seconds=1.0, step_seconds=0.1, round_seconds=0.01) == 12
@@ -52,9 +54,17 @@ def test_adaptive_period_amortises_the_rounds_own_cost():
 
 def test_one_slow_round_does_not_raise_the_rounds_own_cost():
     period = AdaptivePeriod(margin=1.2, overhead=0.01, smoothing=1.0, patience=1)
-    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 2
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 1
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 2  # ceil(0.002 / 0.001)
     # A preempted round measures 20 ms of its own work: the period stays.
     assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.02) == 2
+
+
+def test_a_slow_first_round_does_not_set_the_period():
+    period = AdaptivePeriod(margin=1.2, overhead=0.01, smoothing=1.0, patience=1)
+    # The first timed round was preempted (20 ms of own work): alone it would ask for 20 steps.
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.02) == 1
+    assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 2
 
 
 def test_adaptive_period_grows_at_once_and_shrinks_after_patience():

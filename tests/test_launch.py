@@ -367,6 +367,15 @@ def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
     assert _processes_with(str(tmp_path)) == []
 
 
+def test_a_rank_that_fails_while_the_others_stop_is_a_failure_not_a_preemption(tmp_path):
+    with pytest.raises(WorkerFailed, match="rank 1 exited with code 3") as info:
+        launch_workers(
+            str(HELPERS / "preemptible_worker.py"), 2, None, args=[tmp_path, 0.2, "rank1-fails"], timeout_s=30,
+            output_dir=tmp_path, grace_s=1,
+        )
+    assert not isinstance(info.value, WorkersPreempted) and info.value.rank == 1
+
+
 def _launch_preemptible(marker_dir: str) -> None:
     try:
         launch_workers(

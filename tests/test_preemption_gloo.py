@@ -82,10 +82,17 @@ class SignalAt(pl.Callback):
 
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            if self.what == "checkpoint":
-                trainer.strategy.request_checkpoint()
-            else:
-                os.kill(os.getpid(), self.what)
+            self._act(trainer)
+
+    def on_sanity_check_start(self, trainer, pl_module):
+        if trainer.global_rank == self.rank and self.step == "sanity check":
+            self._act(trainer)
+
+    def _act(self, trainer):
+        if self.what == "checkpoint":
+            trainer.strategy.request_checkpoint()
+        else:
+            os.kill(os.getpid(), self.what)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         with open(self.out_dir / f"saves{trainer.global_rank}", "a") as fh:
@@ -94,8 +101,10 @@ class SignalAt(pl.Callback):
 
 def fork_fit(tmp_path, strategy, what, at=5, steps=20):
     model = toy.ToyRegression(steps, str(tmp_path))
+    sanity = at == "sanity check"
     trainer = pl.Trainer(
-        strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False, limit_val_batches=0,
+        strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False,
+        limit_val_batches=1 if sanity else 0, num_sanity_val_steps=1 if sanity else 0,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
         callbacks=[SignalAt(tmp_path, 1, at, what), ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=0)],
     )
@@ -118,6 +127,15 @@ def test_a_signal_to_one_rank_stops_every_strategy_at_one_step(tmp_path, strateg
     written = saves(tmp_path)
     assert written[0] == written[1] and len(written[0]) == 1 and 5 < written[0][0] <= 5 + 2, written  # lag 1
     verify_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+
+
+def test_a_signal_before_training_starts_is_a_stop_too(tmp_path):
+    # During the sanity check Lightning's own handler is in place: it must only raise our request.
+    with pytest.raises(ProcessExitedException) as stopped:
+        fork_fit(tmp_path, CoCoDStrategy(tau=TAU, start_method="fork", timeout=20), signal.SIGTERM, at="sanity check")
+    assert stopped.value.exit_code == PREEMPTED_EXIT_CODE
+    written = saves(tmp_path)
+    assert written[0] == written[1] and len(written[0]) == 1 and written[0][0] <= 1 + TAU, written
 
 
 def test_a_requested_checkpoint_is_written_by_every_rank_at_one_step(tmp_path):

@@ -129,6 +129,43 @@ def test_a_crash_between_the_two_renames_leaves_a_pair_that_verifies(tmp_path):
     verify_checkpoint(path)
 
 
+def test_repeated_crashes_before_the_rename_never_refuse_the_good_file(tmp_path):
+    path = tmp_path / "last.ckpt"
+    torch.save({"w": torch.ones(3)}, path)  # a plain checkpoint: no digest beside it yet
+    good = file_digest(path)
+    for value in (2.0, 3.0):  # two writers killed between their digest and their rename
+        other = tmp_path / f"other{value}.ckpt"
+        save(other, value)
+        listed = Path(f"{path}{DIGEST_SUFFIX}")
+        before = listed.read_text().split() if listed.exists() else [good]
+        listed.write_text("\n".join([file_digest(other), *before]) + "\n")
+        verify_checkpoint(path)
+    save(path, 4.0)  # the next whole save leaves one digest, its own
+    assert Path(f"{path}{DIGEST_SUFFIX}").read_text().split() == [file_digest(path)]
+
+
+def test_a_last_link_is_checked_as_the_file_it_points_to(tmp_path):
+    best = tmp_path / "epoch=3.ckpt"
+    save(best)
+    link = tmp_path / "last.ckpt"
+    link.symlink_to(best.name)
+    verify_checkpoint(link)
+    corrupt(best, "flipped")
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
+        verify_checkpoint(link)
+
+
+def test_an_asynchronous_checkpoint_plugin_still_leaves_a_whole_verified_file(tmp_path):
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO
+
+    plugin = AsyncCheckpointIO(TorchCheckpointIO())
+    try:
+        atomic_save(plugin, {"weights": torch.ones(10)}, tmp_path / "last.ckpt")
+        verify_checkpoint(tmp_path / "last.ckpt")
+    finally:
+        plugin.teardown()
+
+
 def test_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path):
     path = tmp_path / "last.ckpt"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -104,3 +104,4 @@ def test_resume_reproduces_a_heterogeneous_run(tmp_path):
     torch.testing.assert_close(resumed, straight, rtol=0, atol=1e-6)
     state = torch.load(ckpt, weights_only=False)[STATE_KEY]
     assert state["strategy"]["weight"] == 40 / 64  # rank 0's share, saved with the strategy
+    assert [r["weight"] for r in state["ranks"]] == [40 / 64, 24 / 64]  # and each rank's own

@@ -110,6 +110,7 @@ class AdaptivePeriod:
         self.comm_seconds: float | None = None
         self.step_seconds: float | None = None
         self.round_seconds: float | None = None
+        self.round_samples = 0
         self.shorter_asks: list[int] = []
 
     def _smooth(self, old: float | None, new: float) -> float:
@@ -119,7 +120,11 @@ class AdaptivePeriod:
         """The period the smoothed figures ask for, within bounds."""
         assert self.comm_seconds is not None and self.step_seconds is not None and self.round_seconds is not None
         hide = math.ceil(self.margin * self.comm_seconds / self.step_seconds - 1e-9)
-        amortise = math.ceil(self.round_seconds / (self.overhead * self.step_seconds) - 1e-9)
+        # The round's own work counts once two rounds have measured it: their least value, so a
+        # preempted first round cannot set the period either.
+        amortise = (
+            math.ceil(self.round_seconds / (self.overhead * self.step_seconds) - 1e-9) if self.round_samples >= 2 else 1
+        )
         return min(max(hide, amortise, self.tau_min), self.tau_max)
 
     def update(self, comm_seconds: float, step_seconds: float, round_seconds: float = 0.0) -> int:
@@ -132,6 +137,7 @@ class AdaptivePeriod:
         # A round's own work is fixed work that interference (a preempted worker) only lengthens:
         # its least measured value is the estimate, so one slow round does not raise the period.
         self.round_seconds = round_seconds if self.round_seconds is None else min(self.round_seconds, round_seconds)
+        self.round_samples += 1
         needed = self.needed()
         if needed >= self.tau:
             self.tau, self.shorter_asks = needed, []

@@ -360,7 +360,11 @@ def launch_workers(
             try:
                 _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
             except Terminated as stop:
-                _signal_groups([procs[r] for r in pending], signal.SIGTERM)
+                # To the workers themselves, not their process groups: a worker's own children
+                # (data loaders) killed under it would turn the stop into a crash.
+                for rank in pending:
+                    with contextlib.suppress(ProcessLookupError):
+                        procs[rank].send_signal(signal.SIGTERM)
                 try:
                     _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
                 except WorkersPreempted:
@@ -384,21 +388,33 @@ def _await_preempted(
 ) -> None:
     """One rank left on a preemption: the others stop at the same step, each within a round."""
     deadline = time.monotonic() + stop_grace_s
-    codes = []
+    others = []
     while pending and time.monotonic() < deadline:
         try:
             rank, code = exits.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
         except queue.Empty:
             continue
         pending.discard(rank)
-        codes.append(code)
+        others.append((rank, code))
     _terminate(procs, grace_s)
-    if not pending and all(code == PREEMPTED_EXIT_CODE for code in codes):
+    failed = [(rank, code) for rank, code in others if code != PREEMPTED_EXIT_CODE]
+    if not pending and not failed:
         raise WorkersPreempted(
             f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing their "
             f"checkpoint (exit code {PREEMPTED_EXIT_CODE}); logs in {log_dir}",
             str(log_dir),
         )
+    rank, code = failed[0] if failed else (min(pending), -signal.SIGKILL)
+    tail = _tail(log_dir / f"rank{rank}.stderr")
+    raise WorkerFailed(
+        f"a rank stopped on a preemption signal but rank {rank} "
+        f"{_describe_exit(code) if failed else 'did not stop with it and was killed'}; logs in {log_dir}\n"
+        f"--- rank {rank} stderr (last lines) ---\n{tail}",
+        rank,
+        code,
+        tail,
+        str(log_dir),
+    )
 
 
 def _wait(

@@ -35,7 +35,13 @@ from lightning_cocod.core import (
     has_nonfinite,
 )
 from lightning_cocod.core.comm import TorchDistCommunicator
-from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero, rng_state, set_rng_state
+from lightning_cocod.strategies.checkpointing import (
+    STATE_KEY,
+    gather_to_rank_zero,
+    remove_digest,
+    rng_state,
+    set_rng_state,
+)
 from lightning_cocod.strategies.health import NonFinitePolicy
 from lightning_cocod.strategies.reliability import (
     ReliableStrategy,
@@ -81,6 +87,7 @@ class StrategyCommon(ReliableStrategy):
 
     def setup_distributed(self) -> None:
         self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
+        self._requested_path = None
         try:
             self.set_world_ranks()
             if self.world_size > 1 and self.cluster_environment is not None:
@@ -162,6 +169,11 @@ class StrategyCommon(ReliableStrategy):
         # slow link, queues behind a model all-reduce in flight; and it only hears rank 0's signal.
         # Signals travel with the request flags instead (``ReliableStrategy``).
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_per_step_sigterm_broadcast
+        # Lightning's own handlers (installed after this, before training: its SIGTERM one runs a
+        # broadcast no peer joins; its SLURM one saves a checkpoint from inside the handler) only
+        # raise our stop request from the start, sanity check included.
+        connector = trainer._signal_connector
+        connector._sigterm_notifier_fn = connector._slurm_sigusr_handler_fn = self._on_signal
 
     def on_train_start(self) -> None:
         super().on_train_start()  # type: ignore[misc]
@@ -199,6 +211,11 @@ class StrategyCommon(ReliableStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         self._verify_before_load(checkpoint_path)
         return super().load_checkpoint(checkpoint_path, weights_only)  # type: ignore[misc]
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)  # type: ignore[misc]
+        if self.global_rank == 0:
+            remove_digest(filepath)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
@@ -327,8 +344,9 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         # No DistributedDataParallel: no per-step gradient all-reduce. DDP's constructor is what
         # normally broadcasts rank 0's weights, so do that here.
         if dist.is_available() and dist.is_initialized():
-            for tensor in self.lightning_module.state_dict().values():
-                dist.broadcast(tensor, src=0)
+            module = self.lightning_module
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.detach(), src=0)
         self._tensors = self._model_tensors()
         self._steps = 0
         self.comm_stats = CommStats()
@@ -338,6 +356,9 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             self._build(self._tensors)
         if self._restored is not None:
             self._load_strategy_state(self._restored["strategy"])
+            if self._restored["world_size"] == self.world_size:
+                # This rank's own share (rank 0's is in the strategy state of older checkpoints).
+                self.weight = self._restored["ranks"][self.global_rank].get("weight", self.weight)
 
     def _model_tensors(self) -> list[Tensor]:
         module = self.lightning_module
@@ -524,11 +545,14 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
                 "resume with the same strategy"
             )
         self._steps = state["steps"]
-        self.weight = state["weight"]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         # Called on every rank (after lightning_module_state_dict made the weights agree).
-        local = {"optimizer_states": [self.optimizer_state(o) for o in self.optimizers], "rng": rng_state()}
+        local = {
+            "optimizer_states": [self.optimizer_state(o) for o in self.optimizers],
+            "rng": rng_state(),
+            "weight": self.weight,  # a share of its own under proportional sampling
+        }
         with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
             ranks = gather_to_rank_zero(local, self.world_size)
         if self.global_rank == 0:
@@ -575,4 +599,5 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         # tensors captured here would go stale, so the next stage captures them afresh.
         self._scratch = None
         self._tensors = []
+        self._restored = None  # a checkpoint loaded for test() must not reach a later fit()
         super().teardown()

@@ -123,16 +123,27 @@ def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, s
         checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         return
     remove_stale_temporaries(path)
+    # The digest is of the file's bytes: they must be on disk when this returns (a checkpoint is
+    # a synchronisation point anyway), so an asynchronous plugin writes through its inner one.
+    if type(checkpoint_io).__name__ == "AsyncCheckpointIO":
+        checkpoint_io = checkpoint_io.checkpoint_io
     tmp = Path(f"{path}{_TMP_MARK}{_owner_tag()}")
     try:
         checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
         digest = file_digest(tmp)
-        previous = [d for d in _read_digests(path)[:1] if os.path.exists(path)]
-        _write_digests(path, [digest, *previous])  # either file verifies until the rename is done
+        # Either file verifies until the rename is done, whatever earlier crashes left listed.
+        previous = _read_digests(path) or ([file_digest(path)] if os.path.isfile(path) else [])
+        _write_digests(path, [digest, *previous])
         os.replace(tmp, path)
         _write_digests(path, [digest])
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def remove_digest(path: str | os.PathLike) -> None:
+    """With a checkpoint removed (a top-k file replaced), its digest goes too."""
+    if "://" not in str(path):
+        _digest_path(path).unlink(missing_ok=True)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:
@@ -141,7 +152,7 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     With a digest file beside it (every checkpoint our strategies write) the bytes must match it;
     without one (a plain Lightning checkpoint) the file must at least be readable as a checkpoint.
     """
-    target = Path(path)
+    target = Path(path).resolve()  # a "last" link (ModelCheckpoint(save_last="link")) is its target
     if not target.is_file():
         raise CheckpointError(f"checkpoint {target} does not exist or is not a file")
     if target.stat().st_size == 0:

@@ -219,7 +219,7 @@ class CoCoDMethod(SyncStrategyBase):
         if self._adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
             # What was measured carries over; the bounds and rules are the caller's of this fit.
             adaptive = self._adaptive
-            for key in ("comm_seconds", "step_seconds", "round_seconds", "shorter_asks"):
+            for key in ("comm_seconds", "step_seconds", "round_seconds", "round_samples", "shorter_asks"):
                 if key in state["adaptive"]:
                     setattr(adaptive, key, state["adaptive"][key])
             adaptive.tau = min(max(state["tau"], adaptive.tau_min), adaptive.tau_max)

@@ -99,6 +99,7 @@ class ReliableStrategy:
         self._stop_reason: str | None = None
         self._agreed: set[str] = set()
         self._saved_handlers: dict[int, Any] = {}
+        self._requested_path: str | None = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -158,7 +159,8 @@ class ReliableStrategy:
             return
         self._drain_requests()  # what is still in flight is part of this decision
         agreed, self._agreed = self._agreed, set()
-        path = checkpoint_path(trainer)
+        # One file per fit: a later request rewrites it rather than make a new version each time.
+        self._requested_path = path = self._requested_path or checkpoint_path(trainer)
         if path is not None:
             trainer.save_checkpoint(path)
         elif "checkpoint" in agreed and self.global_rank == 0:

@@ -16,6 +16,7 @@ store and torch's own env:// set-up is used.
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import os
 import socket
@@ -67,6 +68,12 @@ def _await_listener(host: str, port: int, deadline: float) -> None:
             return
         except OSError:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _destroy_default_group() -> None:
+    # NCCL warns about (and may hang on) a process group still alive at interpreter exit.
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _count_in(store: dist.Store, world_size: int, deadline: float) -> None:
@@ -125,6 +132,9 @@ def init_default_group(
     meeting.start()
     meeting.join(max(0.0, deadline - time.monotonic()))
     where = f"{host}:{port}"
+    if not meeting.is_alive() and not failure and backend == "nccl":
+        # Lightning's own set-up registers this when it creates the group; here it did not.
+        atexit.register(_destroy_default_group)
     if meeting.is_alive() or failure:
         why = "nobody answered in time" if meeting.is_alive() else first_line(failure[0])
         raise RendezvousError(

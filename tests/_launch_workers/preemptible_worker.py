@@ -1,5 +1,6 @@
-"""A rank that stops like a preempted strategy: on SIGTERM (or after argv[2] seconds, on rank
-argv[3] only, when given) it waits a little, as a rank finishing its round would, and exits 75."""
+"""A rank that stops like a preempted strategy: on SIGTERM (or after argv[2] seconds, rank r
+0.3 s after rank r-1) it waits a little, as a rank finishing its round would, and exits 75 (or,
+on rank 1 when argv[3] is "rank1-fails", exits 3)."""
 
 import os
 import signal
@@ -26,4 +27,5 @@ if __name__ == "__main__":
     while not stop and (after is None or time.monotonic() - started < after + 0.3 * rank):
         time.sleep(0.05)
     time.sleep(0.3)
-    sys.exit(PREEMPTED_EXIT_CODE)
+    fails = len(sys.argv) > 3 and sys.argv[3] == "rank1-fails" and rank == 1
+    sys.exit(3 if fails else PREEMPTED_EXIT_CODE)
