@@ -145,7 +145,8 @@ def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, er
     named = multirun or any(o.startswith("hydra.run.dir=") for o in task)
     where = [f"hydra.run.dir={job_dir}"] if named else [f"run_id={job_dir.name}"]
     overrides = [*keep, *where, "checkpoint.resume=last"]
-    if hydra_cfg.runtime.choices.get("launcher") in ("torchrun", "slurm"):
+    choices = getattr(getattr(hydra_cfg, "runtime", None), "choices", None) or {}
+    if choices.get("launcher") in ("torchrun", "slurm"):
         how = "launch it again as before (torchrun / sbatch), with the overrides"
         return f"{name}: preempted; checkpoint {saved[-1]}; to resume, {how}: {shlex.join(overrides)}"
     return f"{name}: preempted; checkpoint {saved[-1]}; resume with: {shlex.join(['cocod-train', *overrides])}"

@@ -172,6 +172,12 @@ def test_console_lines_say_the_speedup_and_where_it_comes_from(tmp_path):
     assert _preempted_line("x", sweep_job, hydra_cfg, True, RuntimeError("stop")).endswith(
         f"resume with: cocod-train experiment=smoke tau=8 hydra.run.dir={sweep_job} checkpoint.resume=last"
     )
+    # Under torchrun the ranks are started by torchrun again: the line gives the overrides.
+    hydra_cfg.runtime = SimpleNamespace(choices={"launcher": "torchrun"})
+    assert _preempted_line("x", job, hydra_cfg, False, RuntimeError("stop")).endswith(
+        "launch it again as before (torchrun / sbatch), with the overrides: "
+        "experiment=smoke tau=8 run_id=r1 checkpoint.resume=last"
+    )
 
 
 @pytest.mark.distributed
