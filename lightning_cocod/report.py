@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cocod.app.condition import flat
+from lightning_cocod.app.identity import code_of
 from lightning_cocod.app.runs import Record, load_runs
 from lightning_cocod.app.speedup import speedup
 
@@ -163,18 +164,18 @@ def markdown(
     lines = [
         f"# {group}: {len(runs)} run(s)",
         "",
-        "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
-        "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
-        "condition and seed over the run's; a run without such an S-SGD run has none.",
+        (
+            "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
+            "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
+            "condition and seed over the run's; a run without such an S-SGD run has none."
+        ),
         "",
         "| " + " | ".join(headers) + " |",
         "|" + "---|" * len(headers),
         *(_row(r, with_condition) for r in rows),
     ]
-    commits = sorted(
-        {f"{r.get('git_commit', 'unknown')}{'+dirty' if r.get('git_dirty') else ''}" for r in runs}
-    )
-    lines += ["", f"Code: {', '.join(commits)}.", *(f"\n{n}" for n in notes), ""]
+    codes = sorted({code_of(r) for r in runs})
+    lines += ["", f"Code: {', '.join(codes)}.", *(f"\n{n}" for n in notes), ""]
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 

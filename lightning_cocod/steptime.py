@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # the benchmark's workers run one thread each
-    options = dict(precision=args.precision, channels_last=args.channels_last)
+    options = {"precision": args.precision, "channels_last": args.channels_last}
     where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU (1 thread)"
     print(
         f"steptime: {args.model}, batch {args.batch_size}, {args.steps} timed steps after {args.warmup}, "

@@ -55,6 +55,7 @@ def run(
         "time_to_target_seconds": to_target,
         "speedup_vs_ssgd": recorded,
         "target_accuracy": 0.9,
+        "version": "0.1.0",
         "git_commit": "abc",
         "git_dirty": False,
         "timeline": [
@@ -143,7 +144,7 @@ def test_table_rows_by_hand(tmp_path):
     )
     assert "| Local-SGD | 4 | 2 | unshaped | 2 | 90.00 | 1.0000 | – | 0.0% |" in table
     assert "| S-SGD | – | 2 | 100mbit | 0 | 90.00 | 5.0000 | 1.000 |" in table
-    assert "time to 90.0% (s)" in table and "Code: abc." in table and "condition |" not in table
+    assert "time to 90.0% (s)" in table and "Code: lightning_cocod 0.1.0 (git abc)." in table and "condition |" not in table
     assert " * |" not in table and "finished before" not in table  # every record knew its speedup
     for plot in ("accuracy_vs_time", "speedup_vs_tau"):
         assert (tmp_path / "rep" / f"g_{plot}.png").read_bytes().startswith(b"\x89PNG")

@@ -20,7 +20,7 @@ import yaml
 
 from lightning_cocod import report
 from lightning_cocod.app.fit import steady_step_seconds
-from lightning_cocod.app.identity import git_commit
+from lightning_cocod.app.identity import code_of, git_commit
 from lightning_cocod.app.loggers import REDACTED, log_final, redact, wandb_mode
 from lightning_cocod.launch.netns import shaped_namespace
 
@@ -243,8 +243,29 @@ def test_the_api_key_never_reaches_a_logged_config():
 
 def test_git_commit_is_unknown_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == ("unknown", False)
-    commit, _ = git_commit(Path(__file__).parent)
+    commit, _ = git_commit(Path(__file__).parents[1])
     assert commit == "unknown" or len(commit) == 40
+
+
+def test_an_install_inside_someone_elses_repository_names_no_commit(tmp_path):
+    # A virtualenv inside the user's project: site-packages is not the root of that checkout.
+    site_packages = tmp_path / ".venv" / "lib" / "site-packages"
+    site_packages.mkdir(parents=True)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=u", "-c", "user.email=u@x"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "theirs"], check=True)
+    theirs = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    assert git_commit(site_packages) == ("unknown", False)
+    assert git_commit(tmp_path) == (theirs.stdout.strip(), False)
+
+
+def test_the_code_a_run_ran_is_named_by_version_and_commit_when_known():
+    assert code_of({"version": "1.2.3", "git_commit": "unknown"}) == "lightning_cocod 1.2.3"
+    assert code_of({"version": "1.2.3", "git_commit": "abc", "git_dirty": True}) == (
+        "lightning_cocod 1.2.3 (git abc+dirty)"
+    )
+    assert code_of({"git_commit": "abc"}) == "git abc"  # recorded before versions were kept
+    assert code_of({}) == "unknown"
 
 
 def test_steady_step_time_over_whole_rounds_and_short_runs():

@@ -9,21 +9,28 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lightning_cocod import __version__
 from lightning_cocod.app.checks import PERIODIC, method_of
 
 _SOURCE = Path(__file__).resolve().parents[2]
 
 
 def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
-    """(commit, dirty) of the checkout holding ``path``; ("unknown", False) outside one."""
+    """(commit, dirty) of the checkout whose root is ``path``; ("unknown", False) otherwise.
+
+    Only the root counts: an installed package lives in site-packages, often inside a virtualenv
+    inside the user's own repository, whose commit says nothing about this code.
+    """
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
+        top, commit = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--show-toplevel", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
-        ).stdout.strip()
+        ).stdout.splitlines()
+        if Path(top).resolve() != Path(path).resolve():
+            return "unknown", False
         status = subprocess.run(
             ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
@@ -31,7 +38,7 @@ def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
             timeout=10,
             check=True,
         ).stdout
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", False
     return commit or "unknown", bool(status.strip())
 
@@ -77,8 +84,20 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         # The link it really ran over is measured on the worker (app.condition): without root a
         # rate asked for runs unshaped.
         "rate_requested": cfg.launcher.get("rate"),
+        "version": __version__,
         "git_commit": commit,
         "git_dirty": dirty,
         "dir": str(job_dir),
         "ledger": str(ledger_path(out_root, cfg.group)),
     }
+
+
+def code_of(record: dict[str, Any]) -> str:
+    """The code a run ran, as the report and resolved.yaml name it: the package's version, and
+    its commit when it ran from a checkout (runs recorded before versions were kept: the commit)."""
+    commit = record.get("git_commit", "unknown")
+    git = None if commit == "unknown" else f"git {commit}{'+dirty' if record.get('git_dirty') else ''}"
+    version = record.get("version")
+    if version is None:
+        return git or "unknown"
+    return f"lightning_cocod {version}" + (f" ({git})" if git else "")

@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from lightning_cocod.app.identity import code_of
+
 JOB_CONFIG = "workers/job.yaml"
 JOB_IDENTITY = "workers/identity.json"
 
@@ -28,8 +30,7 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:
-    dirty = " (uncommitted changes)" if identity.get("git_dirty") else ""
-    return f"# git commit {identity['git_commit']}{dirty}\n" + OmegaConf.to_yaml(OmegaConf.create(config))
+    return f"# code: {code_of(identity)}\n" + OmegaConf.to_yaml(OmegaConf.create(config))
 
 
 def write_start(job_dir: Path, config: dict[str, Any], identity: dict[str, Any]) -> None:
