@@ -174,7 +174,7 @@ class PeriodicCheckpoint(Checkpoint):
     def _save(self, trainer: pl.Trainer) -> None:
         if self._saved_step != trainer.global_step:
             Path(self.last_path).parent.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(self.last_path)
+            trainer.save_checkpoint(self.last_path, weights_only=False)  # a full checkpoint: a resume needs it all
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict

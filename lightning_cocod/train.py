@@ -95,11 +95,18 @@ def run(cfg: DictConfig) -> float | None:
                 write_start(job_dir, config, identity)
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
-        if not _is_preemption(err):
+        if _is_preemption(err):
+            if rank == 0:
+                print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err), flush=True)
+            raise SystemExit(PREEMPTED_EXIT_CODE) from None
+        failure = _worker_failure(err)
+        if failure is None:
             raise
-        if rank == 0:
-            print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err), flush=True)
-        raise SystemExit(PREEMPTED_EXIT_CODE) from None
+        resume = _resume_hint(job_dir, hydra_cfg, multirun)
+        raise SystemExit(
+            f"cocod-train: error: {identity['name']}: {failure}; "
+            + (resume or "no checkpoint was written, so it cannot be resumed")
+        ) from None
     if "test_acc" in record:
         log.info(final_line(record))
     return record.get("test_acc")
@@ -135,10 +142,35 @@ def _is_preemption(err: BaseException) -> bool:
     return isinstance(err, launch.WorkerFailed) and err.returncode == PREEMPTED_EXIT_CODE
 
 
+def _worker_failure(err: BaseException) -> str | None:
+    """One line for a run that lost a worker or diverged, or None for an error of our own code,
+    whose traceback is the useful report. A rank that raised is named with its exception's line."""
+    import lightning_cocod
+    from lightning_cocod import launch
+
+    if isinstance(err, launch.WorkerFailed):
+        what = first_line(err).partition("; logs in ")[0]
+        lines = [line.strip() for line in err.stderr_tail.splitlines() if line.strip()]
+        said = f": {lines[-1]}" if err.returncode > 0 and lines else ""
+        return f"{what}{said}; logs in {err.log_dir}"
+    if isinstance(err, launch.LaunchError):
+        return first_line(err)
+    kinds = (lightning_cocod.WorkerLostError, lightning_cocod.RendezvousError, lightning_cocod.NonFiniteError)
+    return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
+
+
 def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, err: BaseException) -> str:
+    resume = _resume_hint(job_dir, hydra_cfg, multirun)
+    if resume is None:
+        return f"{name}: preempted ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
+    return f"{name}: preempted; {resume}"
+
+
+def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
+    """``checkpoint <path>; resume with: <command>`` for the newest checkpoint of the job, or None."""
     saved = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not saved:
-        return f"{name}: preempted ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
+        return None
     task = list(hydra_cfg.overrides.task)
     keep = [o for o in task if not o.startswith(("checkpoint.resume=", "run_id=", "hydra.run.dir="))]
     # A sweep's job folder, or one given by hand, is named in full; a single run's by its run_id.
@@ -148,8 +180,8 @@ def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, er
     choices = getattr(getattr(hydra_cfg, "runtime", None), "choices", None) or {}
     if choices.get("launcher") in ("torchrun", "slurm"):
         how = "launch it again as before (torchrun / sbatch), with the overrides"
-        return f"{name}: preempted; checkpoint {saved[-1]}; to resume, {how}: {shlex.join(overrides)}"
-    return f"{name}: preempted; checkpoint {saved[-1]}; resume with: {shlex.join(['cocod-train', *overrides])}"
+        return f"checkpoint {saved[-1]}; to resume, {how}: {shlex.join(overrides)}"
+    return f"checkpoint {saved[-1]}; resume with: {shlex.join(['cocod-train', *overrides])}"
 
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.condition import condition, condition_id
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
-from lightning_cocod.train import _preempted_line, final_line
+from lightning_cocod.train import _preempted_line, _worker_failure, final_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,3 +226,20 @@ def test_the_suite_leaves_nothing_in_the_temp_folder(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert list(temp.iterdir()) == []
+
+
+def test_a_lost_worker_is_one_line_naming_the_rank_and_what_it_said():
+    from lightning_cocod import NonFiniteError, WorkerLostError
+    from lightning_cocod.launch import WorkerFailed, WorkersTimedOut
+
+    tail = "Traceback (most recent call last):\n  File x\nValueError: bad batch\n"
+    raised = WorkerFailed(f"rank 0 exited with code 1; logs in /r/workers\n--- rank 0 ---\n{tail}", 0, 1, tail, "/r/workers")
+    assert _worker_failure(raised) == "rank 0 exited with code 1: ValueError: bad batch; logs in /r/workers"
+    killed = WorkerFailed("rank 1 was killed by SIGKILL; logs in /r/workers\n--- rank 1 ---\nnoise", 1, -9, "noise", "/r/workers")
+    assert _worker_failure(killed) == "rank 1 was killed by SIGKILL; logs in /r/workers"
+    assert _worker_failure(WorkersTimedOut("workers did not finish within 5 s\nmore", [1], "/r")) == (
+        "workers did not finish within 5 s"
+    )
+    assert _worker_failure(WorkerLostError("peer gone at step 7\ndetail")) == "WorkerLostError: peer gone at step 7"
+    assert _worker_failure(NonFiniteError("NaN in the model")) == "NonFiniteError: NaN in the model"
+    assert _worker_failure(KeyError("ours")) is None  # our own bug keeps its traceback

@@ -194,6 +194,35 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
         "cocod-train: error: trainer.max_epochs='abc' is invalid; accepted: an integer or null"
     ]
     assert {name: (folder / name).read_bytes() for name in finished} == finished
+    # Our checkpoints are asked for whole: Lightning has nothing to log about them at every save.
+    assert "weights_only" not in (folder / "workers" / "rank1.stderr").read_text()
+
+    # A worker killed outright (no signal handler runs): one line naming it, and how to resume.
+    app = subprocess.Popen(
+        [sys.executable, "-m", "lightning_cocod.train", *common, "max_epochs=50", "checkpoint.resume=last"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (progress.exists() and re.search(r"step (6[89]|[7-9]\d|\d{3,})/", progress.read_text())):
+            assert app.poll() is None and time.monotonic() < deadline, "the resumed run ended or stalled"
+            time.sleep(0.2)
+        os.kill(_pid_of_rank(1, folder), signal.SIGKILL)
+        _, errors = app.communicate(timeout=120)
+    finally:
+        app.kill()
+    assert app.returncode == 1, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        f"cocod-train: error: cocod-tau4-w2-s0: rank 1 was killed by SIGKILL; logs in {folder / 'workers'}; "
+        f"checkpoint {last}; resume with: cocod-train "
+        f"{shlex.join(a for a in common if a != 'run_id=r1')} max_epochs=50 run_id=r1 checkpoint.resume=last"
+    )
+    assert "Traceback" not in errors
 
 
 def test_the_final_figures_reach_wandb_as_the_record_has_them():

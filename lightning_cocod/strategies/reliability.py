@@ -162,7 +162,7 @@ class ReliableStrategy:
         # One file per fit: a later request rewrites it rather than make a new version each time.
         self._requested_path = path = self._requested_path or checkpoint_path(trainer)
         if path is not None:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # all a resume needs; said, so Lightning does not log it
         elif "checkpoint" in agreed and self.global_rank == 0:
             log.warning("a checkpoint was requested, but the Trainer has no checkpoint callback to say where: none written")
         if "stop" in agreed and stopping_allowed:
