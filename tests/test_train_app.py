@@ -141,6 +141,31 @@ def _pid_of_rank(rank: int, job_dir: Path) -> int:
     raise AssertionError(f"no process for rank {rank} of {job_dir}")
 
 
+def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int, *args: str):
+    """Runs cocod-train with ``args``; once its progress matches ``progress_seen``, sends ``sig``
+    to rank 1 alone. Returns the app's exit code, stdout and stderr."""
+    app = subprocess.Popen(
+        [sys.executable, "-m", "lightning_cocod.train", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        progress = folder / "workers" / "progress.txt"
+        deadline = time.monotonic() + 240
+        while not (progress.exists() and re.search(progress_seen, progress.read_text())):
+            assert app.poll() is None and time.monotonic() < deadline, "the run ended or never got going"
+            time.sleep(0.2)
+        os.kill(_pid_of_rank(1, folder), sig)
+        out, err = app.communicate(timeout=120)
+    finally:
+        app.kill()
+    return app.returncode, out, err
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
@@ -149,26 +174,10 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=r1"]
     common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "step_time_warmup=1"]
     folder = tmp_path / "out" / "smoke" / "r1"
-    app = subprocess.Popen(
-        [sys.executable, "-m", "lightning_cocod.train", *common, "max_epochs=50", "progress_every_s=0.5"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        progress = folder / "workers" / "progress.txt"
-        deadline = time.monotonic() + 240
-        while not (progress.exists() and re.search(r"step ([3-9]|\d\d+)/", progress.read_text())):
-            assert app.poll() is None and time.monotonic() < deadline, "the run ended or never got going"
-            time.sleep(0.2)
-        os.kill(_pid_of_rank(1, folder), signal.SIGTERM)  # one rank only: every rank must stop with it
-        console, _ = app.communicate(timeout=120)
-    finally:
-        app.kill()
-    assert app.returncode == 75, console[-3000:]
+    code, console, _ = _signal_rank_one(
+        tmp_path, folder, r"step ([3-9]|\d\d+)/", signal.SIGTERM, *common, "max_epochs=50", "progress_every_s=0.5"
+    )  # one rank only: every rank must stop with it
+    assert code == 75, console[-3000:]
     last = folder / "checkpoints" / "last.ckpt"
     line = next(x for x in console.splitlines() if " preempted; " in x)
     assert line.startswith(f"cocod-tau4-w2-s0: preempted; checkpoint {last}; resume with: cocod-train ")
@@ -198,25 +207,10 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     assert "weights_only" not in (folder / "workers" / "rank1.stderr").read_text()
 
     # A worker killed outright (no signal handler runs): one line naming it, and how to resume.
-    app = subprocess.Popen(
-        [sys.executable, "-m", "lightning_cocod.train", *common, "max_epochs=50", "checkpoint.resume=last"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
+    code, _, errors = _signal_rank_one(
+        tmp_path, folder, r"step (6[89]|[7-9]\d|\d{3,})/", signal.SIGKILL, *common, "max_epochs=50", "checkpoint.resume=last"
     )
-    try:
-        deadline = time.monotonic() + 240
-        while not (progress.exists() and re.search(r"step (6[89]|[7-9]\d|\d{3,})/", progress.read_text())):
-            assert app.poll() is None and time.monotonic() < deadline, "the resumed run ended or stalled"
-            time.sleep(0.2)
-        os.kill(_pid_of_rank(1, folder), signal.SIGKILL)
-        _, errors = app.communicate(timeout=120)
-    finally:
-        app.kill()
-    assert app.returncode == 1, errors[-3000:]
+    assert code == 1, errors[-3000:]
     assert errors.strip().splitlines()[-1] == (
         f"cocod-train: error: cocod-tau4-w2-s0: rank 1 was killed by SIGKILL; logs in {folder / 'workers'}; "
         f"checkpoint {last}; resume with: cocod-train "
