@@ -15,6 +15,7 @@ popen launcher is never asked to start processes: it re-executes sys.argv, which
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -65,6 +66,12 @@ def run(cfg: DictConfig) -> float | None:
             else f"{method} has no period: tau changes nothing for it",
         )
         return None
+    finished = job_dir / "run.json"
+    if cfg.checkpoint.resume == "auto" and finished.is_file():
+        # A requeued sweep runs every job again: those that ended keep their records as they are.
+        record = json.loads(finished.read_text())
+        log.info("%s: finished already (%s); checkpoint.resume=auto leaves it as it is", record.get("name"), job_dir)
+        return record.get("test_acc")
     try:
         resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
     except ConfigError as err:

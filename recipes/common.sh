@@ -65,11 +65,14 @@ launch() {
           run_id="$RUN_ID-$name" "$@" "${overrides[@]}" ;;
       torchrun)
         # Every rank composes the same config and runs the same jobs in the same order; run_id
-        # pins the folders (a clock could differ between nodes).
-        run torchrun --nnodes="$nnodes" --nproc-per-node="$nproc" --rdzv-backend=c10d \
+        # pins the folders (a clock could differ between nodes). After a failure torchrun starts
+        # every worker again (MAX_RESTARTS times) and checkpoint.resume=auto continues each job
+        # from its checkpoint; restarts need the rendezvous store not shared with the agent.
+        run env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes="$nnodes" --nproc-per-node="$nproc" \
+          --max-restarts="${MAX_RESTARTS:-3}" --rdzv-backend=c10d \
           --rdzv-endpoint="${HEAD:?set HEAD to the rendezvous host}:29500" --rdzv-id="$RUN_ID-$name" \
           -m lightning_cocod.train --multirun experiment="$EXPERIMENT" launcher=torchrun \
-          run_id="$RUN_ID-$name" "$@" "${overrides[@]}" ;;
+          run_id="$RUN_ID-$name" checkpoint.resume=auto "$@" "${overrides[@]}" ;;
       slurm)
         # run_id defaults to SLURM_JOB_ID inside the job: the same on every task.
         run sbatch --nodes="$nnodes" --ntasks-per-node="$nproc" --gpus-per-node="$nproc" \

@@ -243,3 +243,20 @@ def test_a_lost_worker_is_one_line_naming_the_rank_and_what_it_said():
     assert _worker_failure(WorkerLostError("peer gone at step 7\ndetail")) == "WorkerLostError: peer gone at step 7"
     assert _worker_failure(NonFiniteError("NaN in the model")) == "NonFiniteError: NaN in the model"
     assert _worker_failure(KeyError("ours")) is None  # our own bug keeps its traceback
+
+
+def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_path):
+    from omegaconf import OmegaConf
+
+    from lightning_cocod.app.loggers import build_logger
+
+    node = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "logger" / "csv.yaml")
+    for value in (1.0, 2.0, 3.0):  # a run, then two resumes of it
+        logger = build_logger(node, tmp_path, {})
+        logger.log_metrics({"loss": value}, step=0)
+        logger.save()
+    files = sorted(tmp_path.rglob("metrics.csv"))
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+        "csv/metrics.csv", "csv/v1/metrics.csv", "csv/v2/metrics.csv"
+    ]
+    assert [f.read_text().splitlines()[1] for f in files] == ["1.0,0", "2.0,0", "3.0,0"]

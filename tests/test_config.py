@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from pytorch_lightning.strategies import Strategy
 
 from lightning_cocod.app.checks import ConfigError, check_values
+from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import world_size
 from lightning_cocod.app.objects import check_objects
 from lightning_cocod.app.preflight import config_dir, duplicate_jobs, job_overrides, preflight, ssgd_first
@@ -107,7 +108,7 @@ def app_arguments(line: str) -> list[str] | None:
     for marker, extra in (
         ("cocod-train", []),
         ("lightning_cocod.train", []),
-        ("slurm.sbatch", ["launcher=slurm"]),
+        ("slurm.sbatch", ["launcher=slurm", "checkpoint.resume=auto"]),
     ):
         if any(w.endswith(marker) for w in words):
             index = next(i for i, w in enumerate(words) if w.endswith(marker))
@@ -243,7 +244,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["run_id=never-ran", "checkpoint.resume=last"],
-            "checkpoint.resume='last' is invalid; accepted: null, last, or the path of a .ckpt file (no outputs/default/never-ran/checkpoints/last.ckpt: pass the run_id",
+            "checkpoint.resume='last' is invalid; accepted: null, last, auto, or the path of a .ckpt file (no outputs/default/never-ran/checkpoints/last.ckpt: pass the run_id",
         ),
         (["checkpoint.resume=/no/such.ckpt"], "(no file /no/such.ckpt)"),
         (["trainer.enable_checkpointing=true"], "unknown key 'trainer.enable_checkpointing'"),
@@ -344,6 +345,25 @@ def test_a_broken_checkpoint_is_refused_in_one_line_before_anything_starts(tmp_p
     message = str(info.value)
     assert message.startswith(f"checkpoint.resume='{path}' is invalid") and expected in message
     assert "\n" not in message and not (tmp_path / "out").exists()
+
+
+def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
+    out = tmp_path / "out"
+    common = [f"out_root={out}", "run_id=r", "checkpoint.resume=auto"]
+    assert preflight(common) and not out.exists()  # nothing to continue: a fresh start, and valid
+    job = out / "default" / "r"
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
+        cfg = compose("train", common)
+    assert resume_checkpoint(cfg, job) is None
+    (job / "checkpoints").mkdir(parents=True)
+    older, newer = job / "checkpoints" / "last.ckpt", job / "checkpoints" / "last-v1.ckpt"
+    older.write_bytes(b"x")
+    newer.write_bytes(b"y")
+    os.utime(older, (1, 1))
+    assert resume_checkpoint(cfg, job, verify=False) == str(newer)
+    # A checkpoint that is there but broken is refused, not silently trained over.
+    with pytest.raises(ConfigError, match=r"checkpoint.resume='auto' is invalid; accepted: null, last, auto"):
+        preflight(common)
 
 
 @pytest.mark.timeout(120)

@@ -72,8 +72,6 @@ def test_a_slurm_task_derives_its_rank_address_and_run_id(monkeypatch):
     assert env.detect()
     assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (3, 1, 1, 4)
     assert (env.main_address, env.main_port) == ("gpu07", 29500)  # the first node of the list
-    script = (ROOT / "recipes" / "slurm.sbatch").read_text()
-    assert "srun python -m lightning_cocod.train --multirun launcher=slurm" in script
 
 
 def test_threads_per_rank_never_oversubscribes_a_node(monkeypatch):
@@ -83,3 +81,27 @@ def test_threads_per_rank_never_oversubscribes_a_node(monkeypatch):
     assert threads_per_rank(cfg.launcher, {"LOCAL_WORLD_SIZE": "1"}) == cores
     assert threads_per_rank(cfg.launcher, {"LOCAL_WORLD_SIZE": str(2 * cores)}) == 1
     assert threads_per_rank(cfg.launcher, {"OMP_NUM_THREADS": "3", "LOCAL_WORLD_SIZE": "1"}) == 3
+
+
+@pytest.mark.parametrize(("srun_exit", "requeued"), [(75, True), (0, False), (1, False)])
+def test_the_sbatch_script_requeues_a_job_stopped_with_a_checkpoint(tmp_path, srun_exit, requeued):
+    # srun and scontrol stand-ins that write down how they were called.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, code in (("srun", srun_exit), ("scontrol", 0)):
+        (bin_dir / tool).write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path}/{tool}.args"\nexit {code}\n')
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "slurm.sbatch"), "-m", "experiment=smoke", "tau=2,4"],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert proc.returncode == srun_exit, proc.stderr
+    # The app's own parser: --multirun first, then the launcher, auto-resume, and the user's overrides
+    # (after it, so checkpoint.resume=null from the user wins).
+    assert (tmp_path / "srun.args").read_text().split() == [
+        "python", "-m", "lightning_cocod.train", "--multirun", "launcher=slurm", "checkpoint.resume=auto",
+        "experiment=smoke", "tau=2,4",
+    ]
+    scontrol = tmp_path / "scontrol.args"
+    assert (scontrol.read_text().split() == ["requeue", "4242"]) if requeued else not scontrol.exists()

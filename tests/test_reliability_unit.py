@@ -250,3 +250,18 @@ def test_the_rendezvous_gives_up_within_the_timeout_on_every_path():
         assert "\n" not in message
     assert "cannot listen on 127.0.0.1" in runs["foreign, rank 0"].stdout and "Address already in use" in runs["foreign, rank 0"].stdout
     assert "within 0:00:04" in runs["foreign, rank 1"].stdout
+
+
+def test_a_torchrun_restart_over_the_shared_store_is_refused_with_the_fix(monkeypatch):
+    from lightning_cocod import RendezvousError
+    from lightning_cocod.strategies.rendezvous import init_default_group
+
+    meet = lambda: init_default_group(
+        "127.0.0.1", free_port(), 1, 2, "gloo", timedelta(seconds=5), torch.device("cpu")
+    )
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert meet() is False  # the first attempt: torch's own env:// set-up, over the agent's store
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with pytest.raises(RendezvousError, match=r"rank 1: torchrun restarted the workers \(restart 2\).*TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        meet()

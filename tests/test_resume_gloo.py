@@ -105,3 +105,20 @@ def test_resume_reproduces_a_heterogeneous_run(tmp_path):
     state = torch.load(ckpt, weights_only=False)[STATE_KEY]
     assert state["strategy"]["weight"] == 40 / 64  # rank 0's share, saved with the strategy
     assert [r["weight"] for r in state["ranks"]] == [40 / 64, 24 / 64]  # and each rank's own
+
+
+class ForgetTheResumeOnRankOne(pl.Callback):
+    """Rank 1 as on a node that does not see the checkpoint: its loops start from step 0.
+    (Callbacks' on_train_start runs before the strategy's.)"""
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.global_rank == 1:
+            trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = 0
+
+
+@pytest.mark.parametrize("name", ["cocod", "ssgd"])
+def test_ranks_that_resumed_at_different_steps_are_refused_before_training(tmp_path, name):
+    ckpt = tmp_path / "mid.ckpt"
+    fit(STRATEGIES[name], SAVE_AT, save=(SAVE_AT, ckpt))
+    with pytest.raises(Exception, match=rf"CheckpointError: the workers start fit at different steps \(0 to {SAVE_AT};"):
+        fit(STRATEGIES[name], STEPS, ckpt_path=ckpt, callbacks=[ForgetTheResumeOnRankOne()])

@@ -128,6 +128,14 @@ def test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd
     # Progress came from rank 0 while the jobs ran.
     assert re.search(r"cocod-tau2-w2-s0: (starting the workers|epoch \d)", console)
 
+    # The sweep again, as a requeued SLURM job runs it: with auto-resume the finished jobs are left
+    # as they are, records and all, and nothing trains.
+    before = {job: (job / "run.json").read_bytes() for job in records}
+    again = run_app(tmp_path, *common, "run_id=fast", "strategy=cocod,ssgd", "tau=2,4", "checkpoint.resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(re.findall(r": finished already \(", again.stdout + again.stderr)) == 3
+    assert {job: (job / "run.json").read_bytes() for job in records} == before
+
 
 def _pid_of_rank(rank: int, job_dir: Path) -> int:
     """The worker process of ``rank`` in ``job_dir``, found by the result path its launcher gave it."""

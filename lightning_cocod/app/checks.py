@@ -109,7 +109,7 @@ def _check_checkpoint(cfg: DictConfig) -> None:
         )
     resume = checkpoint.resume
     if resume is not None and (not isinstance(resume, str) or not resume):
-        raise bad("checkpoint.resume", resume, "null, last, or the path of a .ckpt file")
+        raise bad("checkpoint.resume", resume, "null, last, auto, or the path of a .ckpt file")
 
 
 def _is_number(value: Any) -> bool:

@@ -13,12 +13,16 @@ from lightning_cocod.app.checks import bad, first_line
 
 def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> str | None:
     """The checkpoint a run continues from, checked to exist and (``verify``) to be a whole
-    checkpoint, or None for a fresh start. ``last``: the newest ``last*.ckpt`` of ``job_dir``."""
+    checkpoint, or None for a fresh start. ``last``: the newest ``last*.ckpt`` of ``job_dir``;
+    ``auto``: the same when there is one, else a fresh start (what a requeued or restarted job
+    wants: the same command either way)."""
     resume = cfg.checkpoint.resume
     if resume is None:
         return None
-    if resume == "last":
+    if resume in ("last", "auto"):
         found = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found and resume == "auto":
+            return None
         path = found[-1] if found else job_dir / "checkpoints" / "last.ckpt"
     else:
         path = Path(resume).expanduser()
@@ -26,11 +30,11 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
         where = (
             f"no {path}: pass the run_id of the run to continue" if resume == "last" else f"no file {path}"
         )
-        raise bad("checkpoint.resume", resume, f"null, last, or the path of a .ckpt file ({where})")
+        raise bad("checkpoint.resume", resume, f"null, last, auto, or the path of a .ckpt file ({where})")
     if verify:
         problem = checkpoint_problem(path)
         if problem:
-            raise bad("checkpoint.resume", resume, f"null, last, or a whole checkpoint file ({problem})")
+            raise bad("checkpoint.resume", resume, f"null, last, auto, or a whole checkpoint file ({problem})")
     return str(path)
 
 

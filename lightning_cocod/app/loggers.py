@@ -65,6 +65,8 @@ def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> A
     from hydra.utils import instantiate
 
     extra: dict[str, Any] = {"save_dir": str(job_dir)}
+    if str(node._target_).endswith("CSVLogger"):
+        extra["version"] = _free_csv_version(job_dir / str(node.get("name", "csv")), node.get("version"))
     if str(node._target_).endswith("WandbLogger"):
         extra.update(
             name=identity["name"],
@@ -73,6 +75,19 @@ def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> A
             job_type=identity["method"],
         )
     return instantiate(node, **extra)
+
+
+def _free_csv_version(folder: Path, version: Any) -> Any:
+    """``version``, unless its folder already holds a metrics.csv (a resumed run, or a new one in
+    the same run folder): Lightning's CSV writer would delete that file, so the next free
+    ``v1``, ``v2``, ... beside it, as checkpoints get last-v1.ckpt. (None: Lightning numbers.)"""
+
+    def taken(name: Any) -> bool:
+        return (folder / str(name) / "metrics.csv").exists()
+
+    if version is None or not taken(version):
+        return version
+    return next(f"v{n}" for n in range(1, 10_000) if not taken(f"v{n}"))
 
 
 def is_wandb(logger: Any) -> bool:

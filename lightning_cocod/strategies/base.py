@@ -177,6 +177,7 @@ class StrategyCommon(ReliableStrategy):
 
     def on_train_start(self) -> None:
         super().on_train_start()  # type: ignore[misc]
+        self._check_same_start(self.lightning_module.trainer.global_step)  # a checkpoint is restored by now
         self._install_signal_handlers()  # after Lightning registered its own (they would replace ours)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -205,7 +206,7 @@ class StrategyCommon(ReliableStrategy):
             with contextlib.suppress(Exception):
                 self._drain_requests()
             self._requests.comm.destroy()
-            self._requests = None
+            self._requests = self._control_group = None
         super().teardown()  # type: ignore[misc]
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class ReliableStrategy:
     def _init_reliability(self) -> None:
         self._steps = 0  # optimizer steps taken in this fit
         self._requests: RequestFlags | None = None
+        self._control_group: Any = None
         self._local_requests = [0.0, 0.0]
         self._stop_reason: str | None = None
         self._agreed: set[str] = set()
@@ -123,7 +124,25 @@ class ReliableStrategy:
         if self.world_size > 1:
             # gloo on CPU tensors whatever the model's backend: reading the flags never waits for a GPU.
             group = dist.new_group(backend="gloo", timeout=self._timeout)
+            self._control_group = group
             self._requests = RequestFlags(TorchDistCommunicator(group, torch.device("cpu")), width=2)
+
+    def _check_same_start(self, step: int) -> None:
+        """Ranks that resumed from different checkpoints (or some from none: a run folder that not
+        every node sees) would run different numbers of steps and meet in mismatched collectives,
+        to hang or average unrelated models: refuse at once, on every rank alike."""
+        if self._control_group is None:
+            return
+        bounds = torch.tensor([step, -step], dtype=torch.int64)
+        with self._collective("comparing the step every rank starts from"):
+            dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=self._control_group)
+        latest, earliest = int(bounds[0]), -int(bounds[1])
+        if latest != earliest:
+            raise CheckpointError(
+                f"the workers start fit at different steps ({earliest} to {latest}; rank {self.global_rank} at "
+                f"{step}): they resumed from different checkpoints, or some from none; resume every rank from "
+                "the same file, in a folder every node sees"
+            )
 
     def _request_lag(self) -> int:
         """Steps between raising a flag and acting on it: how far ahead of a peer a worker may run."""

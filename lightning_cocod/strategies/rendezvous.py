@@ -11,7 +11,8 @@ For a run whose MASTER_ADDR is a loopback address (all workers on this machine) 
 socket bound to 127.0.0.1 and gloo is pointed at ``lo``, so nothing of the run is reachable from
 the network (torch's store server otherwise binds every interface). A multi-node store must be
 reachable from the other nodes: keep it on a private network. Under torchrun the agent hosts the
-store and torch's own env:// set-up is used.
+store and torch's own env:// set-up is used, except after a restart (see ``init_default_group``);
+with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun leaves the store to rank 0, as here.
 """
 
 from __future__ import annotations
@@ -91,7 +92,18 @@ def init_default_group(
 ) -> bool:
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
-    if dist.is_initialized() or uses_agent_store():
+    if dist.is_initialized():
+        return False
+    if uses_agent_store():
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if restart != "0":
+            # The agent's store keeps the previous attempt's keys: a restarted rank can read a dead
+            # peer's address and wait on it for the whole timeout (torch issue #135712).
+            raise RendezvousError(
+                f"rank {rank}: torchrun restarted the workers (restart {restart}) over the rendezvous store "
+                "of the previous attempt, where they can meet the dead workers' addresses and hang; "
+                "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun to restart safely"
+            )
         return False
     loopback = is_loopback(address)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
