@@ -316,6 +316,8 @@ def test_timeout_kills_every_worker(tmp_path):
 
 
 def _launch_sleepers(prefix: str, marker_dir: str) -> None:
+    # Ctrl-C as in a terminal: a suite started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     launch_workers(
         str(HELPERS / "sleeping_worker.py"),
         2,
