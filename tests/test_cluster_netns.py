@@ -5,7 +5,6 @@ expected times use the frame overhead tbf counts (a 1514-byte frame per 1448 byt
 payload) and the bucket a link keeps after idling.
 """
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -26,32 +25,11 @@ from lightning_cocod.launch.cluster import (
     round_trip_seconds,
     transfer_times,
 )
+from tests.helpers.launchers import namespaces_with, processes_with, signal_once_started, unique_prefix
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, veth, bridges and tc need root")
-
-
-def _prefix() -> str:
-    return f"cocodtest{uuid.uuid4().hex[:6]}"
-
-
-def _namespaces_with(prefix: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
-
-
-def _processes_with(token: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            if token.encode() in Path("/proc", entry, "cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def _netem_available() -> bool:
@@ -134,9 +112,9 @@ def test_each_rank_is_told_its_own_namespace_address_and_interface():
 @needs_root
 @pytest.mark.timeout(30)
 def test_every_node_reaches_the_others_through_its_own_interface_only():
-    prefix = _prefix()
+    prefix = unique_prefix()
     with pernode_cluster(3, None, name_prefix=prefix) as cluster:
-        assert sorted(_namespaces_with(prefix)) == sorted([cluster.switch, *cluster.nodes])
+        assert sorted(namespaces_with(prefix)) == sorted([cluster.switch, *cluster.nodes])
         for rank in range(3):
             links = subprocess.run(cluster.wrap(["ip", "-o", "link"], rank), capture_output=True, text=True, check=True)
             names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.stdout.splitlines())
@@ -147,7 +125,7 @@ def test_every_node_reaches_the_others_through_its_own_interface_only():
         trips = [round_trip_seconds(cluster, src, (src + 1) % 3, count=20) for src in range(3)]
         print(f"round trips between nodes: {[f'{1e6 * t:.0f} us' for t in trips]}")
         assert all(0 < t < 0.05 for t in trips)
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 @needs_root
@@ -158,7 +136,7 @@ def test_each_node_link_is_shaped_both_ways_behind_a_non_blocking_switch():
     def span(times):  # from the first flow's start to the last one's end
         return max(end for _, end in times) - min(start for start, _ in times)
 
-    with pernode_cluster(4, "16mbit", name_prefix=_prefix()) as cluster:
+    with pernode_cluster(4, "16mbit", name_prefix=unique_prefix()) as cluster:
         # Frames on the wire, less the bucket the idle link sends at once, at the rate.
         one_flow = (nbytes * 1514 / 1448 - cluster.burst) * 8 / bps  # 0.515 s
         # Flows on different links: neither slows the other (each crosses an upload and a download).
@@ -178,22 +156,22 @@ def test_each_node_link_is_shaped_both_ways_behind_a_non_blocking_switch():
 @needs_root
 @pytest.mark.timeout(30)
 def test_exception_inside_removes_every_namespace_and_its_processes():
-    prefix, token = _prefix(), uuid.uuid4().hex
+    prefix, token = unique_prefix(), uuid.uuid4().hex
     with pytest.raises(KeyError), pernode_cluster(3, "100mbit", name_prefix=prefix) as cluster:
         sleeper = subprocess.Popen(cluster.wrap([sys.executable, "-c", "import time; time.sleep(30)", token], 2))
         deadline = time.monotonic() + 5
-        while not _processes_with(token) and time.monotonic() < deadline:
+        while not processes_with(token) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(_namespaces_with(prefix)) == 4
+        assert len(namespaces_with(prefix)) == 4
         raise KeyError("inside the block")
-    assert _namespaces_with(prefix) == [] and _processes_with(token) == []
+    assert namespaces_with(prefix) == [] and processes_with(token) == []
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
 
 
 @needs_root
 @pytest.mark.timeout(30)
 def test_namespaces_of_a_dead_launcher_are_reclaimed_and_a_live_ones_kept():
-    prefix = _prefix()
+    prefix = unique_prefix()
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale = [f"{prefix}-{dead.pid}-abc123-sw", f"{prefix}-{dead.pid}-abc123-n0"]
@@ -202,18 +180,18 @@ def test_namespaces_of_a_dead_launcher_are_reclaimed_and_a_live_ones_kept():
         subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         with pernode_cluster(2, "100mbit", name_prefix=prefix) as cluster:
-            assert sorted(_namespaces_with(prefix)) == sorted([live, cluster.switch, *cluster.nodes])
+            assert sorted(namespaces_with(prefix)) == sorted([live, cluster.switch, *cluster.nodes])
     finally:
         for name in (*stale, live):
             subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 @needs_root
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("topology", ["pernode", "loopback"])
 def test_a_latency_this_kernel_cannot_add_is_one_line_and_leaves_nothing(topology):
-    prefix = _prefix()
+    prefix = unique_prefix()
     if _netem_available():
         with network(topology, 2, "100mbit", latency="5ms", name_prefix=prefix) as link:
             trip = round_trip_seconds(link, count=10)
@@ -224,7 +202,7 @@ def test_a_latency_this_kernel_cannot_add_is_one_line_and_leaves_nothing(topolog
             pass
         message = str(info.value)
         assert "\n" not in message and "netem" in message and "5000us" in message and "without a latency" in message
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 # --- workers in the topology ------------------------------------------------------------------------
@@ -233,7 +211,7 @@ def test_a_latency_this_kernel_cannot_add_is_one_line_and_leaves_nothing(topolog
 @needs_root
 @pytest.mark.timeout(60)
 def test_workers_rendezvous_over_the_bridge_from_their_own_namespaces(tmp_path):
-    prefix = _prefix()
+    prefix = unique_prefix()
     results = launch_workers(
         str(HELPERS / "allreduce_worker.py"), 3, "1gbit", timeout_s=50, output_dir=tmp_path,
         name_prefix=prefix, topology="pernode",
@@ -242,7 +220,7 @@ def test_workers_rendezvous_over_the_bridge_from_their_own_namespaces(tmp_path):
     assert all(r["world_size"] == 3 and r["sum"] == [6.0] * 4 for r in results)
     spaces = {r["net_ns"] for r in results}
     assert len(spaces) == 3 and os.readlink("/proc/self/ns/net") not in spaces
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 def _launch_sleepers(prefix: str, marker_dir: str) -> None:
@@ -255,19 +233,14 @@ def _launch_sleepers(prefix: str, marker_dir: str) -> None:
 @needs_root
 @pytest.mark.timeout(40)
 def test_terminated_launcher_removes_every_node_and_worker(tmp_path):
-    prefix = _prefix()
-    launcher = multiprocessing.get_context("fork").Process(target=_launch_sleepers, args=(prefix, str(tmp_path)))
-    launcher.start()
-    try:
-        deadline = time.monotonic() + 20
-        while len(list(tmp_path.glob("started.*"))) < 3:
-            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
-            time.sleep(0.05)
-        assert len(_namespaces_with(prefix)) == 4
-        os.kill(launcher.pid, signal.SIGTERM)
-        launcher.join(timeout=20)
-    finally:
-        launcher.kill()
-        launcher.join()
-    assert launcher.exitcode == 128 + signal.SIGTERM
-    assert _namespaces_with(prefix) == [] and _processes_with(str(tmp_path)) == []
+    prefix = unique_prefix()
+
+    def running() -> None:
+        assert len(namespaces_with(prefix)) == 4
+
+    exitcode, _ = signal_once_started(
+        _launch_sleepers, (prefix, str(tmp_path)), tmp_path, 3, signal.SIGTERM, start_s=20, stop_s=20,
+        while_running=running,
+    )
+    assert exitcode == 128 + signal.SIGTERM
+    assert namespaces_with(prefix) == [] and processes_with(str(tmp_path)) == []

@@ -1,6 +1,5 @@
 import importlib
 import json
-import multiprocessing
 import os
 import pickle
 import signal
@@ -24,6 +23,7 @@ from lightning_cocod.launch import (
     shaped_namespace,
     write_result,
 )
+from tests.helpers.launchers import namespaces_with, processes_with, signal_once_started, unique_prefix
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
 REPO = Path(__file__).resolve().parents[1]
@@ -31,30 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="network namespaces and tc need root; the unshaped fallback is tested apart"
 )
-
-
-def _namespaces_with(prefix: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
-
-
-def _processes_with(token: str) -> list[int]:
-    """Live processes whose command line contains `token` (zombies have an empty one)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path("/proc", entry, "cmdline").read_bytes()
-        except OSError:
-            continue
-        if token.encode() in cmdline:
-            found.append(int(entry))
-    return found
-
-
-def _prefix() -> str:
-    return f"cocodtest{uuid.uuid4().hex[:6]}"
 
 
 # --- rates ---------------------------------------------------------------------------------------
@@ -111,10 +87,10 @@ def test_burst_covers_one_tick_at_high_rates():
 @needs_root
 @pytest.mark.timeout(10)
 def test_namespace_has_tbf_on_lo_and_is_deleted_after():
-    prefix = _prefix()
+    prefix = unique_prefix()
     with shaped_namespace("300mbit", name_prefix=prefix) as link:
         assert link.shaped and link.rate == 300_000_000 and link.reason is None
-        assert _namespaces_with(prefix) == [link.name]
+        assert namespaces_with(prefix) == [link.name]
         qdisc = subprocess.run(
             ["ip", "netns", "exec", link.name, "tc", "qdisc", "show", "dev", "lo"],
             capture_output=True,
@@ -128,23 +104,23 @@ def test_namespace_has_tbf_on_lo_and_is_deleted_after():
             link.wrap(["ip", "-o", "link"]), check=True, capture_output=True, text=True
         ).stdout
         assert len(links.splitlines()) == 1 and "lo:" in links and "UP" in links
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 @needs_root
 @pytest.mark.timeout(10)
 def test_namespace_and_its_processes_are_gone_after_an_exception():
-    prefix = _prefix()
+    prefix = unique_prefix()
     token = uuid.uuid4().hex
     with pytest.raises(KeyError), shaped_namespace("100mbit", name_prefix=prefix) as link:
         sleeper = subprocess.Popen(link.wrap([sys.executable, "-c", "import time; time.sleep(30)", token]))
         deadline = time.monotonic() + 5
-        while not _processes_with(token) and time.monotonic() < deadline:
+        while not processes_with(token) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_with(token)
+        assert processes_with(token)
         raise KeyError("inside the block")
-    assert _namespaces_with(prefix) == []
-    assert _processes_with(token) == []
+    assert namespaces_with(prefix) == []
+    assert processes_with(token) == []
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
 
 
@@ -152,7 +128,7 @@ def test_namespace_and_its_processes_are_gone_after_an_exception():
 @pytest.mark.timeout(10)
 def test_namespace_of_a_dead_launcher_is_reclaimed_and_a_live_one_kept():
     """A SIGKILLed launcher runs no cleanup; the next run with the prefix removes what it left."""
-    prefix = _prefix()
+    prefix = unique_prefix()
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale, live = f"{prefix}-{dead.pid}-abc123", f"{prefix}-{os.getpid()}-abc123"
@@ -160,11 +136,11 @@ def test_namespace_of_a_dead_launcher_is_reclaimed_and_a_live_one_kept():
         subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         with shaped_namespace("100mbit", name_prefix=prefix) as link:
-            assert sorted(_namespaces_with(prefix)) == sorted([live, link.name])
+            assert sorted(namespaces_with(prefix)) == sorted([live, link.name])
     finally:
         subprocess.run(["ip", "netns", "del", live], check=True)
         subprocess.run(["ip", "netns", "del", stale], check=False, capture_output=True)
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 @pytest.mark.timeout(10)
@@ -200,7 +176,7 @@ def test_shaped_loopback_limits_the_transfer_rate():
     """1 MB at 8 mbit/s: ~0.75 s once the 256 KiB burst is spent; a plain loopback takes ms."""
     cmd = [sys.executable, str(HELPERS / "transfer.py"), "send", str(1_000_000)]
     plain = float(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10).stdout)
-    with shaped_namespace("8mbit", name_prefix=_prefix()) as link:
+    with shaped_namespace("8mbit", name_prefix=unique_prefix()) as link:
         shaped = float(
             subprocess.run(link.wrap(cmd), capture_output=True, text=True, check=True, timeout=10).stdout
         )
@@ -215,7 +191,7 @@ def test_shaped_loopback_limits_the_transfer_rate():
 @needs_root
 @pytest.mark.timeout(30)
 def test_two_workers_all_reduce_inside_the_namespace(tmp_path):
-    prefix = _prefix()
+    prefix = unique_prefix()
     results = launch_workers(
         str(HELPERS / "allreduce_worker.py"),
         2,
@@ -230,7 +206,7 @@ def test_two_workers_all_reduce_inside_the_namespace(tmp_path):
     # Both ranks shared one namespace, and it was not ours.
     assert results[0]["net_ns"] == results[1]["net_ns"] != os.readlink("/proc/self/ns/net")
     assert (tmp_path / "rank0.stderr").exists() and (tmp_path / "rank1.stdout").exists()
-    assert _namespaces_with(prefix) == []
+    assert namespaces_with(prefix) == []
 
 
 @pytest.mark.timeout(30)
@@ -248,7 +224,7 @@ def test_function_target_runs_unshaped_without_root_and_says_so(monkeypatch, cap
 
 @pytest.mark.timeout(30)
 def test_failing_worker_is_named_and_nothing_is_left(tmp_path):
-    prefix = _prefix()
+    prefix = unique_prefix()
     token = uuid.uuid4().hex
     rate = "300mbit" if os.geteuid() == 0 else None
     with pytest.raises(WorkerFailed) as info:
@@ -272,8 +248,8 @@ def test_failing_worker_is_named_and_nothing_is_left(tmp_path):
     # Survives the trip out of a subprocess (e.g. a sweep runner) with its fields.
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.rank, copy.returncode, str(copy)) == (1, 1, str(error))
-    assert _namespaces_with(prefix) == []
-    assert _processes_with(token) == []
+    assert namespaces_with(prefix) == []
+    assert processes_with(token) == []
 
 
 @pytest.mark.timeout(20)
@@ -294,7 +270,7 @@ def test_write_result_uses_the_launcher_path(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_timeout_kills_every_worker(tmp_path):
-    prefix = _prefix()
+    prefix = unique_prefix()
     rate = "300mbit" if os.geteuid() == 0 else None
     start = time.monotonic()
     with pytest.raises(WorkersTimedOut) as info:
@@ -311,8 +287,8 @@ def test_timeout_kills_every_worker(tmp_path):
     assert time.monotonic() - start < 10
     assert "did not finish within 3 s" in str(info.value) and info.value.running_ranks == [0, 1]
     assert sorted(p.name for p in tmp_path.glob("started.*")) == ["started.0", "started.1"]
-    assert _processes_with(str(tmp_path)) == []
-    assert _namespaces_with(prefix) == []
+    assert processes_with(str(tmp_path)) == []
+    assert namespaces_with(prefix) == []
 
 
 def _launch_sleepers(prefix: str, marker_dir: str) -> None:
@@ -333,33 +309,22 @@ def _launch_sleepers(prefix: str, marker_dir: str) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signalled_launcher_removes_namespace_and_workers(tmp_path, sig):
-    prefix = _prefix()
-    # Forked, so the launcher does not spend seconds importing Lightning again.
-    launcher = multiprocessing.get_context("fork").Process(
-        target=_launch_sleepers, args=(prefix, str(tmp_path))
+    prefix = unique_prefix()
+
+    def running() -> None:
+        assert len(namespaces_with(prefix)) == 1
+        assert len(processes_with(str(tmp_path))) == 2
+
+    exitcode, stopping_s = signal_once_started(
+        _launch_sleepers, (prefix, str(tmp_path)), tmp_path, 2, sig, start_s=15, stop_s=25, while_running=running
     )
-    launcher.start()
-    try:
-        deadline = time.monotonic() + 15
-        while len(list(tmp_path.glob("started.*"))) < 2:
-            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
-            time.sleep(0.05)
-        assert len(_namespaces_with(prefix)) == 1
-        assert len(_processes_with(str(tmp_path))) == 2
-        os.kill(launcher.pid, sig)
-        signalled = time.monotonic()
-        launcher.join(timeout=25)
-        cleanup_s = time.monotonic() - signalled
-    finally:
-        launcher.kill()
-        launcher.join()
     # Died of an exception that ran the cleanup (SIGTERM: exit 143), not of the signal itself,
     # nor killed here because the cleanup outlasted the wait.
-    assert launcher.exitcode not in (0, -sig, -signal.SIGKILL), (launcher.exitcode, cleanup_s)
+    assert exitcode not in (0, -sig, -signal.SIGKILL), (exitcode, stopping_s)
     if sig == signal.SIGTERM:
-        assert launcher.exitcode == 128 + signal.SIGTERM
-    assert _namespaces_with(prefix) == []
-    assert _processes_with(str(tmp_path)) == []
+        assert exitcode == 128 + signal.SIGTERM
+    assert namespaces_with(prefix) == []
+    assert processes_with(str(tmp_path)) == []
 
 
 def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
@@ -369,7 +334,7 @@ def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
             str(HELPERS / "preemptible_worker.py"), 2, None, args=[tmp_path, 0.2], timeout_s=30,
             output_dir=tmp_path, grace_s=1,
         )
-    assert _processes_with(str(tmp_path)) == []
+    assert processes_with(str(tmp_path)) == []
 
 
 def test_a_rank_that_fails_while_the_others_stop_is_a_failure_not_a_preemption(tmp_path):
@@ -393,17 +358,8 @@ def _launch_preemptible(marker_dir: str) -> None:
 
 @pytest.mark.timeout(30)
 def test_sigterm_to_the_launcher_gives_the_workers_time_to_stop_together(tmp_path):
-    launcher = multiprocessing.get_context("fork").Process(target=_launch_preemptible, args=(str(tmp_path),))
-    launcher.start()
-    try:
-        deadline = time.monotonic() + 15
-        while len(list(tmp_path.glob("started.*"))) < 2:
-            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
-            time.sleep(0.05)
-        os.kill(launcher.pid, signal.SIGTERM)
-        launcher.join(timeout=15)
-    finally:
-        launcher.kill()
-        launcher.join()
-    assert launcher.exitcode == 75  # the workers got the signal and left with 75; nothing was killed
-    assert _processes_with(str(tmp_path)) == []
+    exitcode, _ = signal_once_started(
+        _launch_preemptible, (str(tmp_path),), tmp_path, 2, signal.SIGTERM, start_s=15, stop_s=15
+    )
+    assert exitcode == 75  # the workers got the signal and left with 75; nothing was killed
+    assert processes_with(str(tmp_path)) == []

@@ -1,0 +1,68 @@
+"""What the launcher tests look at from outside: the namespaces and processes a run leaves, and
+a launcher forked, signalled once its workers are up, and waited for."""
+
+import multiprocessing
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def unique_prefix() -> str:
+    """A namespace prefix no other test or run uses."""
+    return f"cocodtest{uuid.uuid4().hex[:6]}"
+
+
+def namespaces_with(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def processes_with(token: str) -> list[int]:
+    """Live processes whose command line contains `token` (zombies have an empty one)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def signal_once_started(
+    target: Callable[..., Any],
+    args: tuple,
+    marker_dir: Path,
+    ranks: int,
+    sig: int,
+    start_s: float,
+    stop_s: float,
+    while_running: Callable[[], None] = lambda: None,
+) -> tuple[int | None, float]:
+    """Runs ``target(*args)`` in a forked launcher (no second import of Lightning); once
+    ``ranks`` workers have left their ``started.*`` file in ``marker_dir``, calls
+    ``while_running`` and sends ``sig`` to the launcher. Returns its exit code and the seconds
+    from the signal to its end; a launcher still running after ``stop_s`` is killed (-9)."""
+    launcher = multiprocessing.get_context("fork").Process(target=target, args=args)
+    launcher.start()
+    try:
+        deadline = time.monotonic() + start_s
+        while len(list(marker_dir.glob("started.*"))) < ranks:
+            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
+            time.sleep(0.05)
+        while_running()
+        os.kill(launcher.pid, sig)
+        signalled = time.monotonic()
+        launcher.join(timeout=stop_s)
+        stopping_s = time.monotonic() - signalled
+    finally:
+        launcher.kill()
+        launcher.join()
+    return launcher.exitcode, stopping_s
