@@ -23,6 +23,7 @@ from lightning_cocod.launch import (
     shaped_namespace,
     write_result,
 )
+from lightning_cocod.launch.cluster import transfer_times
 from tests.helpers.launchers import namespaces_with, processes_with, signal_once_started, unique_prefix
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
@@ -174,12 +175,13 @@ def test_no_rate_is_unshaped_without_a_warning(capfd):
 @pytest.mark.timeout(20)
 def test_shaped_loopback_limits_the_transfer_rate():
     """1 MB at 8 mbit/s: ~0.75 s once the 256 KiB burst is spent; a plain loopback takes ms."""
-    cmd = [sys.executable, str(HELPERS / "transfer.py"), "send", str(1_000_000)]
-    plain = float(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=10).stdout)
-    with shaped_namespace("8mbit", name_prefix=unique_prefix()) as link:
-        shaped = float(
-            subprocess.run(link.wrap(cmd), capture_output=True, text=True, check=True, timeout=10).stdout
-        )
+
+    def seconds(rate):  # from rank 0 to rank 1 of the link, until the last byte arrived
+        with shaped_namespace(rate, name_prefix=unique_prefix()) as link:
+            ((start, end),) = transfer_times(link, [(0, 1)], 1_000_000, timeout_s=10)
+        return end - start
+
+    plain, shaped = seconds(None), seconds("8mbit")
     print(f"1 MB over loopback: unshaped {plain:.3f} s, shaped to 8mbit {shaped:.3f} s")
     assert plain < 0.2
     assert shaped > 0.5
