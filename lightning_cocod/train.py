@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, first_line, method_of
-from lightning_cocod.app.files import resume_checkpoint
+from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
 from lightning_cocod.app.loggers import redact, to_plain
 from lightning_cocod.app.preflight import config_dir, duplicate_jobs, preflight, ssgd_first
@@ -175,8 +175,8 @@ def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, er
 
 def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
     """``checkpoint <path>; resume with: <command>`` for the newest checkpoint of the job, or None."""
-    saved = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    if not saved:
+    saved = newest_checkpoint(job_dir)
+    if saved is None:
         return None
     task = list(hydra_cfg.overrides.task)
     keep = [o for o in task if not o.startswith(("checkpoint.resume=", "run_id=", "hydra.run.dir="))]
@@ -187,8 +187,8 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
     choices = getattr(getattr(hydra_cfg, "runtime", None), "choices", None) or {}
     if choices.get("launcher") in ("torchrun", "slurm"):
         how = "launch it again as before (torchrun / sbatch), with the overrides"
-        return f"checkpoint {saved[-1]}; to resume, {how}: {shlex.join(overrides)}"
-    return f"checkpoint {saved[-1]}; resume with: {shlex.join(['cocod-train', *overrides])}"
+        return f"checkpoint {saved}; to resume, {how}: {shlex.join(overrides)}"
+    return f"checkpoint {saved}; resume with: {shlex.join(['cocod-train', *overrides])}"
 
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:

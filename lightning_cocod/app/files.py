@@ -20,10 +20,10 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
     if resume is None:
         return None
     if resume in ("last", "auto"):
-        found = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
-        if not found and resume == "auto":
+        newest = newest_checkpoint(job_dir)
+        if newest is None and resume == "auto":
             return None
-        path = found[-1] if found else job_dir / "checkpoints" / "last.ckpt"
+        path = newest or job_dir / "checkpoints" / "last.ckpt"
     else:
         path = Path(resume).expanduser()
     if not path.is_file():
@@ -36,6 +36,13 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
         if problem:
             raise bad("checkpoint.resume", resume, f"null, last, auto, or a whole checkpoint file ({problem})")
     return str(path)
+
+
+def newest_checkpoint(job_dir: Path) -> Path | None:
+    """The run folder's most recently written ``last*.ckpt`` (a fresh run beside an old one
+    writes last-v1.ckpt), or None."""
+    found = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
 
 
 def checkpoint_problem(path: Path) -> str | None:
