@@ -55,11 +55,11 @@ def compose_all(overrides: list[str], multirun: bool = False):
 
 def test_groups_have_the_options_the_layout_promises():
     assert set(options("strategy")) == {"cocod", "local_sgd", "pipe_sgd", "ssgd"}
-    assert set(options("model")) == {"resnet18", "vgg16", "small_cnn"}
-    assert set(options("data")) == {"cifar10", "cifar100", "digits", "synthetic"}
+    assert set(options("model")) == {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn"}
+    assert set(options("data")) == {"cifar10", "cifar100", "digits", "mnist1d", "synthetic"}
     assert set(options("launcher")) == {"cpu", "gpu", "torchrun", "slurm"}
     assert set(options("logger")) == {"wandb", "csv", "none"}
-    assert {"resnet18_cifar10", "vgg16_cifar100", "smoke", "digits_cocod"} <= set(options("experiment"))
+    assert {"resnet18_cifar10", "vgg16_cifar100", "smoke", "digits_cocod", "mnist1d"} <= set(options("experiment"))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -71,12 +71,15 @@ def test_every_option_composes_and_passes_the_checks(group):
         check_objects(cfg)
 
 
+DATA_OF_MODEL = {"small_cnn": "data=digits", "mnist1d_cnn": "data=mnist1d"}
+
+
 def test_every_target_instantiates(tmp_path):
     for option in options("strategy"):
         (cfg,) = compose_all([f"strategy={option}"])
         assert isinstance(instantiate(cfg.strategy), Strategy)
     for option in options("model"):
-        (cfg,) = compose_all([f"model={option}", "data=digits" if option == "small_cnn" else "data=cifar10"])
+        (cfg,) = compose_all([f"model={option}", DATA_OF_MODEL.get(option, "data=cifar10")])
         module = instantiate(cfg.model)
         assert module.num_classes == cfg.dataset.num_classes
     for option in options("data"):

@@ -23,7 +23,8 @@ class InMemoryDataModule(pl.LightningDataModule):
 
     ``x`` is either uint8 images, normalised on the device with ``mean``/``std`` after transfer, or
     float tensors already normalised. Training batches are cropped (``crop_padding``) and flipped
-    (``flip``) on the device when ``augment`` is set. Validation and test both use ``eval_tensors``.
+    (``flip``) on the device when ``augment`` is set. Validation uses ``eval_tensors``; test uses
+    ``test_tensors`` when a subclass fills it (a held-out test split), else ``eval_tensors`` too.
 
     Rank and world size come from the attached trainer when the loaders are built; without a
     trainer the module behaves as a single process. Fit with ``trainer.fit(model, datamodule=dm)``:
@@ -57,6 +58,7 @@ class InMemoryDataModule(pl.LightningDataModule):
         self.mean, self.std = mean, std
         self.train_tensors: tuple[Tensor, Tensor] | None = None
         self.eval_tensors: tuple[Tensor, Tensor] | None = None
+        self.test_tensors: tuple[Tensor, Tensor] | None = None
         self._train_sampler: ShardedBatchSampler | None = None
         self._resume: dict | None = None  # position of a saved run, from load_state_dict
         self._stats_on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
@@ -149,8 +151,8 @@ class InMemoryDataModule(pl.LightningDataModule):
             if state_dict.get("per_rank_batch_sizes") is not None:
                 self.per_rank_batch_sizes = list(state_dict["per_rank_batch_sizes"])
 
-    def _eval_loader(self) -> TensorLoader:
-        tensors = self._placed("eval_tensors")
+    def _eval_loader(self, name: str = "eval_tensors") -> TensorLoader:
+        tensors = self._placed(name)
         rank, world_size = self._rank_and_world_size()
         batches = eval_batches(len(tensors[0]), self.eval_batch_size, rank, world_size, tensors[0].device)
         return TensorLoader(tensors, batches)
@@ -159,7 +161,7 @@ class InMemoryDataModule(pl.LightningDataModule):
         return self._eval_loader()
 
     def test_dataloader(self) -> TensorLoader:
-        return self._eval_loader()
+        return self._eval_loader("test_tensors" if self.test_tensors is not None else "eval_tensors")
 
     def on_after_batch_transfer(
         self, batch: tuple[Tensor, Tensor], dataloader_idx: int
