@@ -13,6 +13,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback, Checkpoint
 
+from lightning_cocod._files import atomic_write
+
 
 class StepTimer(Callback):
     """Wall time at the end of every optimizer step (after the strategy's merge), so the waits
@@ -245,9 +247,8 @@ class ProgressLine(Callback):
         if self.path is None:
             print(text, file=sys.stdout, flush=True)
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.path)  # the reader sees a whole line or the previous one
+        # The reader sees a whole line or the previous one; a line lost to a crash is no loss.
+        atomic_write(self.path, text, durable=False)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ends.clear()

@@ -3,8 +3,8 @@
     cocod-report outputs/smoke/sweep1                # every run under the folder
     cocod-report outputs --group resnet18_cifar10 --out report/
 
-Runs are read from run.json files, group ledgers, wandb run folders and CSV logs
-(lightning_cocod.app.runs). A row is one method at one tau under one condition (model, data,
+Runs are read from run.json files, wandb run folders and CSV logs (lightning_cocod.app.runs); a
+file that cannot be read is named on stderr and passed over. A row is one method at one tau under one condition (model, data,
 batch, workers, link, device, threads, precision: ``app.condition``), over its seeds. Each run's
 speedup is recomputed from the records by the rule the runs themselves used (``app.speedup``):
 S-SGD's steady step time at the same condition and seed over the run's.
@@ -284,7 +284,7 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cocod-report", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "paths", nargs="+", type=Path, help="run folders, sweep folders, output roots or ledger files"
+        "paths", nargs="+", type=Path, help="run folders, sweep folders, output roots or run.json files"
     )
     parser.add_argument("--group", help="only this group (default: one report per group found)")
     parser.add_argument(
@@ -294,13 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    runs = load_runs(args.paths)
+    runs = load_runs(
+        args.paths, lambda path, why: print(f"cocod-report: skipped {path}: {why}", file=sys.stderr)
+    )
     if args.group:
         runs = [r for r in runs if r.get("group") == args.group]
     if not runs:
         where = ", ".join(map(str, args.paths)) + (f" in group {args.group!r}" if args.group else "")
         print(
-            f"cocod-report: error: no finished runs under {where} (looked for run.json, groups/*.json, "
+            f"cocod-report: error: no finished runs under {where} (looked for run.json, "
             f"wandb files/wandb-summary.json + config.yaml, CSV metrics.csv + hparams.yaml)",
             file=sys.stderr,
         )

@@ -26,10 +26,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, first_line, method_of
+from lightning_cocod.app.claim import claim, claim_command, is_rank_zero
 from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
 from lightning_cocod.app.loggers import redact, to_plain
-from lightning_cocod.app.preflight import config_dir, duplicate_jobs, preflight, ssgd_first
+from lightning_cocod.app.preflight import check_run_folder, config_dir, duplicate_jobs, preflight, ssgd_first
 from lightning_cocod.app.record import read_start, write_start
 from lightning_cocod.app.speedup import describe
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
@@ -66,14 +67,27 @@ def run(cfg: DictConfig) -> float | None:
             else f"{method} has no period: tau changes nothing for it",
         )
         return None
+    try:
+        if is_rank_zero():
+            claim(job_dir, cfg.checkpoint.resume in ("last", "auto"), "hydra.sweep.dir" if multirun else "run_id")
+    except ConfigError as err:
+        raise SystemExit(f"cocod-train: error: {err}") from None
     finished = job_dir / "run.json"
     if cfg.checkpoint.resume == "auto" and finished.is_file():
         # A requeued sweep runs every job again: those that ended keep their records as they are.
-        record = json.loads(finished.read_text())
+        try:
+            record = json.loads(finished.read_text())
+        except ValueError as err:
+            raise SystemExit(
+                f"cocod-train: error: {finished} is not a run record ({first_line(err)}), so "
+                "checkpoint.resume=auto cannot tell whether that run finished; move it aside to continue the "
+                "run from its newest checkpoint"
+            ) from None
         log.info("%s: finished already (%s); checkpoint.resume=auto leaves it as it is", record.get("name"), job_dir)
         return record.get("test_acc")
     try:
         resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
+        check_run_folder(cfg, job_dir)
     except ConfigError as err:
         raise SystemExit(f"cocod-train: error: {err}") from None
     identity = make_identity(cfg, job_dir, _run_id(job_dir, multirun))
@@ -120,7 +134,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def final_line(record: dict[str, Any]) -> str:
-    """The console's summary of a finished run: the same record as run.json, the ledger and the logs."""
+    """The console's summary of a finished run: the same record as run.json and the logs."""
     if record.get("speedup_baseline"):
         over = f" (over {record['speedup_baseline']}, link {record.get('link')})"
     else:
@@ -236,15 +250,17 @@ def worker_main(job_dir: str) -> dict[str, Any]:
 def main() -> None:
     import hydra
 
-    argv = ssgd_first(sys.argv[1:])
+    argv = reordered = ssgd_first(sys.argv[1:])
     try:
         configs = preflight(argv)
         conf = config_dir()
+        if configs and is_rank_zero():
+            argv = claim_command(argv, configs[0])
     except ConfigError as err:
         print(f"cocod-train: error: {err}", file=sys.stderr)
         sys.exit(2)
     _REPEATS.update(duplicate_jobs(configs))
-    if argv != sys.argv[1:]:
+    if reordered != sys.argv[1:]:
         print(
             "cocod-train: S-SGD runs first, so each other run's speedup is known when it ends",
             file=sys.stderr,

@@ -365,3 +365,25 @@ def test_sigterm_to_the_launcher_gives_the_workers_time_to_stop_together(tmp_pat
     )
     assert exitcode == 75  # the workers got the signal and left with 75; nothing was killed
     assert processes_with(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shadow", ["the clone's folder", "a module"])
+def test_workers_never_import_from_the_current_folder(tmp_path, shadow):
+    # The README's layout: `git clone ... lightning_cocod`, then commands run from the folder that
+    # holds the clone; or a lightning_cocod.py of the user's lying there.
+    marker = tmp_path / "imported-from-cwd"
+    if shadow == "a module":
+        (tmp_path / "lightning_cocod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    else:
+        (tmp_path / "lightning_cocod").mkdir()
+        (tmp_path / "lightning_cocod" / "README.md").write_text("a clone, not the package\n")
+    # run_name's module needs the package itself (its version), not a folder of the same name.
+    results = launch_workers(
+        "lightning_cocod.app.identity:run_name", 2, None, args=["cocod", 4, 2, 0], timeout_s=50, cwd=tmp_path
+    )
+    assert results == ["cocod-tau4-w2-s0", "cocod-tau4-w2-s0"]
+    # A module target (python -m), here one that runs and writes no result.
+    with pytest.raises(WorkerFailed, match="rank 0 exited 0 but left no readable result"):
+        launch_workers("lightning_cocod.launch.netns", 1, None, timeout_s=15, output_dir=tmp_path / "logs", cwd=tmp_path)
+    assert not marker.exists()

@@ -1,8 +1,7 @@
-"""cocod-report, the speedup rule and the group ledger on hand-made runs, with the expected
-figures worked out by hand."""
+"""cocod-report, the speedup rule and the search of a group's records on hand-made runs, with the
+expected figures worked out by hand."""
 
 import json
-import multiprocessing
 from pathlib import Path
 
 import matplotlib
@@ -11,8 +10,7 @@ import pytest
 import yaml
 
 from lightning_cocod import report
-from lightning_cocod.app import ledger
-from lightning_cocod.app.runs import load_runs
+from lightning_cocod.app.runs import group_runs, load_runs
 from lightning_cocod.app.speedup import baseline, speedup
 
 matplotlib.use("Agg")
@@ -93,24 +91,55 @@ def test_speedup_is_over_the_ssgd_run_of_the_same_condition_and_seed():
     assert speedup(legacy, RUNS) == (None, None)
 
 
-def test_ledger_gives_a_run_its_speedup_and_never_rewrites_an_earlier_run(tmp_path):
-    path = tmp_path / "groups" / "g.json"
-    early = ledger.add_run(path, dict(COCOD_A0, speedup_vs_ssgd=None))
-    assert early["speedup_vs_ssgd"] is None and early["speedup_baseline"] is None  # no S-SGD yet
-    before = ledger.read(path)[COCOD_A0["id"]]
-    ledger.add_run(path, dict(SSGD_A0))
-    assert ledger.read(path)[COCOD_A0["id"]] == before  # untouched
-    later = ledger.add_run(path, dict(COCOD_A1, seed=0, id="g/late"))
-    assert later["speedup_vs_ssgd"] == pytest.approx(2.0 / 1.1) and later["speedup_baseline"] == SSGD_A0["id"]
+def test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_marks_late_ones(tmp_path):
+    early = dict(COCOD_A0, speedup_vs_ssgd=None)  # it ended before its S-SGD run: no speedup yet
+    later = dict(COCOD_A1, seed=0, id="g/late")
+    other_group = dict(SSGD_A1, group="h", seed=0, steady_step_seconds=9.0, id="h/ssgd")
+    write_runs(tmp_path / "out", [early, SSGD_A0, other_group])
+    skipped = []
+    found = group_runs(tmp_path / "out", "g", lambda path, why: skipped.append(path))
+    assert sorted(r["id"] for r in found) == sorted([early["id"], SSGD_A0["id"]]) and skipped == []
+    assert speedup(later, [*found, later]) == (pytest.approx(2.0 / 1.1), SSGD_A0["id"])
+    write_runs(tmp_path / "out", [dict(later, speedup_vs_ssgd=2.0 / 1.1)])
 
     # The report applies the rule to every record and marks the run whose record said unknown.
-    assert report.main([str(path), "--out", str(tmp_path / "rep")]) == 0
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 0
     table = (tmp_path / "rep" / "g.md").read_text()
     assert (
         "| CoCoD-SGD | 4 | 2 | unshaped | 0 | 92.00 ± 1.41 (n=2) | 0.9500 ± 0.2121 (n=2) | 2.159 ± 0.482 (n=2) *"
         in table
     )
     assert "1 run(s) finished before their S-SGD run" in table
+
+
+def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, capsys):
+    write_runs(tmp_path / "out", RUNS)
+    damaged = {
+        "truncated/run.json": '{"id": "g/x", "method": "cocod", "test_acc": ',
+        "empty/run.json": "",
+        "text_acc/run.json": json.dumps(dict(COCOD_A1, id="g/bad-acc", test_acc="0.9")),
+        "list_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-tau", tau=[4])),
+        "method/run.json": json.dumps(dict(COCOD_A1, id="g/bad-method", method="sgd")),
+        "a_list/run.json": "[1, 2]",
+    }
+    for name, text in damaged.items():
+        (tmp_path / "out" / name).parent.mkdir(parents=True)
+        (tmp_path / "out" / name).write_text(text)
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(line.removeprefix("cocod-report: skipped ").partition(": ")[0] for line in err) == sorted(
+        str(tmp_path / "out" / name) for name in damaged
+    )
+    assert all(line.startswith("cocod-report: skipped ") for line in err)
+    assert any(line.endswith("text_acc/run.json: test_acc '0.9' is not a number") for line in err)
+    assert any(line.endswith("method/run.json: method 'sgd' is none of ssgd, pipe_sgd, local_sgd, cocod") for line in err)
+    # The good records are all there, as in the table worked out by hand below.
+    table = (tmp_path / "rep" / "g.md").read_text()
+    assert table.startswith(f"# g: {len(RUNS)} run(s)")
+    assert "| CoCoD-SGD | 4 | 2 | unshaped | 0,1 | 92.00 ± 1.41 (n=2) | 0.9500 ± 0.2121 (n=2) | 2.250 ± 0.354 (n=2) |" in table
+    skipped = []
+    assert len(group_runs(tmp_path / "out", "g", lambda path, why: skipped.append(path))) == len(RUNS)
+    assert len(skipped) == len(damaged)
 
 
 def test_table_rows_by_hand(tmp_path):
@@ -154,7 +183,7 @@ def test_table_rows_by_hand(tmp_path):
 def write_runs(root: Path, runs=RUNS) -> None:
     for record in runs:
         folder = root / record["id"]
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "run.json").write_text(json.dumps(record))
 
 
@@ -215,7 +244,7 @@ def test_plots_have_an_axis_only_with_two_values_and_name_accuracy_like_the_tabl
     assert "test acc (%)" in report.markdown("g", RUNS, rows, [], [])
 
 
-def test_wandb_folders_csv_logs_and_ledgers_are_read_and_merged(tmp_path):
+def test_wandb_folders_csv_logs_and_run_records_are_read_and_merged(tmp_path):
     cocod, ssgd, local = COCOD_A0, SSGD_A0, LOCAL_A2
     identity_keys = ("id", "name", "group", "method", "tau", "workers", "seed", "target_accuracy")
     identity_keys += ("condition", "condition_id")
@@ -247,7 +276,7 @@ def test_wandb_folders_csv_logs_and_ledgers_are_read_and_merged(tmp_path):
         "step,train/loss,final/test_acc,final/steady_step_seconds,final/finished_at,curve/seconds,curve/accuracy\n"
         "1,2.3,,,,,\n20,,0.9,2.0,1.0,,\n10,,,,,20.0,0.45\n20,,,,,40.0,0.9\n"
     )
-    ledger.add_run(tmp_path / "groups" / "g.json", dict(local))
+    write_runs(tmp_path / "job4", [local])
     # The same local_sgd run again, as a run.json missing its step time.
     (tmp_path / "job3").mkdir()
     (tmp_path / "job3" / "run.json").write_text(json.dumps({**local, "steady_step_seconds": None}))
@@ -261,27 +290,9 @@ def test_wandb_folders_csv_logs_and_ledgers_are_read_and_merged(tmp_path):
     assert runs["ssgd"]["steady_step_seconds"] == 2.0 and [
         p["seconds"] for p in runs["ssgd"]["timeline"]
     ] == [20.0, 40.0]
-    assert runs["local_sgd"]["steady_step_seconds"] == 1.0  # filled in from the ledger
+    assert runs["local_sgd"]["steady_step_seconds"] == 1.0  # filled in from its other record
     # The speedup follows from the merged records: S-SGD (CSV) over CoCoD (wandb), same condition and seed.
     assert speedup(runs["cocod"], runs.values()) == (pytest.approx(2.0 / 0.8), ssgd["id"])
-
-
-def _add_many(path: str, worker: int) -> None:
-    for i in range(10):
-        ledger.add_run(Path(path), run("cocod", seed=100 * worker + i, step=1.0, acc=0.5, tau=4))
-
-
-@pytest.mark.timeout(60)
-def test_ledger_keeps_every_run_of_concurrent_writers(tmp_path):
-    path = tmp_path / "groups" / "g.json"
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_add_many, args=(str(path), w)) for w in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    assert len(ledger.read(path)) == 40
 
 
 def test_no_runs_is_a_clear_error(tmp_path, capsys):

@@ -157,8 +157,13 @@ def check_values(cfg: DictConfig) -> None:
     if extra:
         raise ConfigError(f"unknown key '{extra[0]}'; the top level accepts: {', '.join(sorted(TOP_KEYS))}")
     for key in ("name", "group", "run_id"):
-        if not isinstance(cfg[key], str) or not _SAFE_NAME.match(cfg[key]):
-            raise bad(key, cfg[key], "a non-empty name of letters, digits and _ . = , + - (it names folders)")
+        # "." and ".." pass the pattern but name no folder of their own: out_root or its parent.
+        if not isinstance(cfg[key], str) or not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
+            raise bad(
+                key,
+                cfg[key],
+                "a name of letters, digits and _ . = , + - other than . and .. (it names a folder under out_root)",
+            )
     if not _is_int(cfg.seed) or cfg.seed < 0:
         raise bad("seed", cfg.seed, "an integer >= 0")
     if cfg.max_epochs is not None:

@@ -1,8 +1,9 @@
 """One rank's share of a run: build everything from the resolved config, fit, test, and on rank 0
-write the run record (the group ledger, the logger's final figures, run.json)."""
+write the run record (the logger's final figures, run.json)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -11,11 +12,16 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lightning_cocod.app import ledger
 from lightning_cocod.app.condition import condition, condition_id, measured
 from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
 from lightning_cocod.app.record import write_finished
+from lightning_cocod.app.runs import group_runs
+from lightning_cocod.app.speedup import speedup
+
+
+def _skipped(path: Path, why: str) -> None:
+    logging.getLogger("cocod-train").warning("passed over %s in search of this run's S-SGD baseline: %s", path, why)
 
 
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
@@ -114,8 +120,8 @@ def threads_per_rank(launcher: DictConfig, env: Mapping[str, str]) -> int:
 def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
     """Fit and test on this rank; rank 0 returns the run record, the others ``{"rank": r}``.
 
-    The record is computed here only: rank 0 adds it to the group ledger (which gives its
-    speedup), logs it and writes it; the console line of the launcher prints the same record.
+    The record is computed here only: rank 0 finds its speedup among the run.json records of its
+    group under ``out_root``, logs it and writes it; the launcher's console line prints the same record.
     """
     import pytorch_lightning as pl
     import torch
@@ -184,7 +190,10 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "timeline": timeline.points,
         "finished_at": time.time(),
     }
-    record = ledger.add_run(Path(identity["ledger"]), record)
+    # Its own earlier record (a finished run resumed to train further) is not another run.
+    others = [r for r in group_runs(Path(cfg.out_root), identity["group"], _skipped) if r["id"] != record["id"]]
+    value, base = speedup(record, [*others, record])
+    record.update(speedup_vs_ssgd=value, speedup_baseline=base)
     log_final(logger, record, trainer.global_step)
     write_finished(job_dir, config, record)
     return record

@@ -51,12 +51,8 @@ def run_name(method: str, tau: Any, workers: int, seed: int) -> str:
     return f"{method}{f'-tau{tau}' if tau is not None else ''}-w{workers}-s{seed}"
 
 
-def ledger_path(out_root: Path, group: str) -> Path:
-    return out_root / "groups" / f"{group}.json"
-
-
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
-    """What every record of this run carries (run.json, logger config, ledger); the worker adds
+    """What every record of this run carries (run.json, logger config); the worker adds
     the condition it measured (``app.condition``)."""
     out_root = Path(cfg.out_root).resolve()
     method = method_of(cfg.strategy)
@@ -88,7 +84,6 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "git_commit": commit,
         "git_dirty": dirty,
         "dir": str(job_dir),
-        "ledger": str(ledger_path(out_root, cfg.group)),
     }
 
 

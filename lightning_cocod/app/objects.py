@@ -5,6 +5,7 @@ own argument checks run before any process starts. Imports torch and Lightning (
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from datetime import timedelta
 from pathlib import Path
@@ -103,6 +104,7 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
         except Exception as err:  # noqa: BLE001
             raise ConfigError(f"{section}: {first_line(err.__cause__ or err)}") from None
     _check_batch_fits(cfg, built["data"])
+    _check_eval_fits(cfg, built["data"])
     strategy = type(built["strategy"]).__name__
     if cfg.checkpoint.every_n_minutes and not hasattr(built["strategy"], "request_checkpoint"):
         raise bad(
@@ -131,6 +133,30 @@ def _check_batch_fits(cfg: DictConfig, data: Any) -> None:
             cfg.data.batch_size,
             f"at most {samples // workers} with {workers} workers (one global batch of batch_size x "
             f"workers must fit in the {samples} training samples)",
+        )
+
+
+def _even_eval(samples: int, workers: int, batch: int) -> bool:
+    # The rule of data.sharding.eval_batches: each rank's block must fill as many batches as the
+    # largest block needs, or the ranks evaluate different numbers of batches and their
+    # sync_dist collectives no longer pair up (a crash after the first epoch).
+    return samples // workers >= max(1, math.ceil(math.ceil(samples / workers) / batch))
+
+
+def _check_eval_fits(cfg: DictConfig, data: Any) -> None:
+    samples = getattr(data, "num_eval_samples", None)
+    batch = getattr(data, "eval_batch_size", None)
+    if not isinstance(samples, int) or not isinstance(batch, int):
+        return
+    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    if not _even_eval(samples, workers, batch):
+        # A multiple of workers x batch always qualifies: the search ends.
+        near = next(n for n in range(max(samples, workers), samples + workers * batch + 1) if _even_eval(n, workers, batch))
+        raise bad(
+            "data.num_eval_samples",
+            samples,
+            f"a count every one of the {workers} workers can split into the same number of eval batches "
+            f"of at most {batch} samples, none empty (e.g. {near})",
         )
 
 

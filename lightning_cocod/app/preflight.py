@@ -138,10 +138,27 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
         _label(lambda c: check_out_root(c.out_root), cfg, overrides, len(jobs))
     if not args.multirun:  # a sweep's job folders are Hydra's to name: each job checks its own
         resume_checkpoint(configs[0], run_dir(configs[0], args.overrides))
+        check_run_folder(configs[0], run_dir(configs[0], args.overrides))
     # The import-heavy pass (torch, Lightning) only once every job has passed the cheap one.
     for overrides, cfg in zip(jobs, configs):
         _label(check_objects, cfg, overrides, len(jobs))
     return configs
+
+
+def check_run_folder(cfg: DictConfig, folder: Path) -> None:
+    """The folders of an existing run that it will write to can be written (a read-only
+    checkpoints/ would otherwise fail at the first save, an epoch in)."""
+    from lightning_cocod._files import unwritable
+
+    saves = cfg.checkpoint.every_n_epochs or cfg.checkpoint.every_n_steps or cfg.checkpoint.every_n_minutes
+    for path in (folder, *([folder / "checkpoints"] if saves else [])):
+        problem = path.is_dir() and unwritable(path)
+        if problem:
+            raise ConfigError(
+                f"cannot write in {path} ({problem}), where this run writes its "
+                f"{'checkpoints' if path.name == 'checkpoints' else 'records'}; accepted: a folder this user "
+                "can write (another run_id, or out_root=...)"
+            )
 
 
 def run_dir(cfg: DictConfig, overrides: Sequence[str]) -> Path:

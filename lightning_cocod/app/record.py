@@ -10,23 +10,16 @@ run it continued as they were.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of
 
 JOB_CONFIG = "workers/job.yaml"
 JOB_IDENTITY = "workers/identity.json"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # a reader sees the old file or the new one, never half of one
 
 
 def resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:

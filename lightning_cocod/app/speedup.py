@@ -1,4 +1,4 @@
-"""Speedup over S-SGD, computed here and nowhere else (the run's end, the ledger, the report).
+"""Speedup over S-SGD, computed here and nowhere else (the run's end and the report).
 
 The speedup of a run is the steady step time of its baseline divided by its own. The baseline is
 the S-SGD run that differs from it only in the method: same group, same condition (model, data,

@@ -229,7 +229,7 @@ else:
 
 
 def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int, timeout_s: float) -> list[list[float]]:
-    python = sys.executable
+    python = [sys.executable, "-P"]  # -P: nothing from the current folder (see workers.worker_command)
     servers, clients = [], []
 
     def address(rank: int) -> str:
@@ -237,7 +237,7 @@ def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int
 
     try:
         for _, dst in flows:
-            cmd = [python, "-c", _PROBE, "serve", address(dst), str(nbytes), str(count)]
+            cmd = [*python, "-c", _PROBE, "serve", address(dst), str(nbytes), str(count)]
             servers.append(
                 subprocess.Popen(
                     link.rank_command(cmd, dst), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
@@ -247,7 +247,7 @@ def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int
         # A common start, so concurrent flows overlap although their interpreters start apart.
         start = time.monotonic() + 0.5 + 0.1 * len(flows)
         for (src, dst), port in zip(flows, ports):
-            cmd = [python, "-c", _PROBE, "send", address(dst), port, str(nbytes), str(count), repr(start)]
+            cmd = [*python, "-c", _PROBE, "send", address(dst), port, str(nbytes), str(count), repr(start)]
             clients.append(
                 subprocess.Popen(
                     link.rank_command(cmd, src), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True

@@ -30,25 +30,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_cocod._files import atomic_write
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.launch.cluster import Cluster, network
 from lightning_cocod.launch.netns import ShapedLink, Terminated, signals_deferred
 
 RESULT_ENV = "COCOD_RESULT_PATH"
-# Runs a "module:function" target. Inline, not a module of this package: importing anything under
-# lightning_cocod imports Lightning through the package __init__ (seconds per rank), which a
-# function target may not need. Same atomic write as `write_result`.
-_CALL_FUNCTION = f"""\
-import importlib, json, os, sys
+# Runs a "module:function" target and hands its return value over as `write_result` does.
+_CALL_FUNCTION = """\
+import importlib, sys
 module, _, qualname = sys.argv[1].partition(":")
 obj = importlib.import_module(module)
 for part in qualname.split("."):
     obj = getattr(obj, part)
 result = obj(*sys.argv[2:])
-path = os.environ["{RESULT_ENV}"]
-with open(path + ".tmp", "w") as fh:
-    json.dump(result, fh)
-os.replace(path + ".tmp", path)
+from lightning_cocod.launch.workers import write_result
+write_result(result)
 """
 # Variables that make Lightning pick SLURM/TorchElastic/LSF/MPI instead of LightningEnvironment,
 # which would then take world size and ranks from the outer job rather than from this launcher.
@@ -101,11 +98,8 @@ class WorkersTimedOut(LaunchError):
 
 def write_result(result: Any, path: str | os.PathLike | None = None) -> None:
     """Called by a worker to hand its JSON-serialisable result to the launcher."""
-    path = Path(path or os.environ[RESULT_ENV])
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(result))
-    # The rename makes a result either whole or absent, even if the worker is killed mid-write.
-    os.replace(tmp, path)
+    # Whole or absent, even if the worker is killed mid-write.
+    atomic_write(path or os.environ[RESULT_ENV], json.dumps(result))
 
 
 def _module_root(module_name: str) -> Path | None:
@@ -127,6 +121,11 @@ def worker_command(target: str | Callable, args: Sequence[Any], python: str) -> 
     "module:function" spec, or a top-level function; a function's return value becomes the result.
     """
     str_args = [str(a) for a in args]
+    # -P: `python -c` and `-m` would put the current folder first on sys.path, so a folder named
+    # like the package there (the clone's own folder, one level up) or a stray lightning_cocod.py
+    # would be imported in every worker instead of the installed package. A script's own folder
+    # is still put first, as the script expects.
+    safe = [python, "-P"]
     if callable(target):
         module, qualname = target.__module__, target.__qualname__
         if module == "__main__" or "<locals>" in qualname:
@@ -137,15 +136,15 @@ def worker_command(target: str | Callable, args: Sequence[Any], python: str) -> 
         root = _module_root(module)
         paths = [str(root)] if root else []
         target = f"{module}:{qualname}"
-        return [python, "-c", _CALL_FUNCTION, target, *str_args], paths
+        return [*safe, "-c", _CALL_FUNCTION, target, *str_args], paths
     if target.endswith(".py") or os.sep in target:
         script = Path(target).resolve()
         if not script.is_file():
             raise FileNotFoundError(f"worker script {target!r} does not exist")
         return [python, str(script), *str_args], []
     if ":" in target:
-        return [python, "-c", _CALL_FUNCTION, target, *str_args], []
-    return [python, "-m", target, *str_args], []
+        return [*safe, "-c", _CALL_FUNCTION, target, *str_args], []
+    return [*safe, "-m", target, *str_args], []
 
 
 def _free_port(link: ShapedLink | Cluster) -> int:
