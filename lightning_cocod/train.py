@@ -37,6 +37,7 @@ from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("cocod-train")
 WORKER_TARGET = "lightning_cocod.train:worker_main"
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program ended by Ctrl-C
 # Job number -> the earlier job of the sweep it would repeat (set by main before Hydra runs).
 _REPEATS: dict[int, int] = {}
 
@@ -117,9 +118,12 @@ def run(cfg: DictConfig) -> float | None:
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
         if _is_preemption(err):
+            # Ctrl-C stopped the workers as a preemption does (they checkpointed), but it was asked
+            # for at this terminal: the shell's code for it, not the scheduler's requeue code.
+            interrupted = getattr(err, "interrupted", False)
             if rank == 0:
-                print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err), flush=True)
-            raise SystemExit(PREEMPTED_EXIT_CODE) from None
+                print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted), flush=True)
+            raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
         failure = _worker_failure(err)
         if failure is None:
             raise
@@ -180,11 +184,14 @@ def _worker_failure(err: BaseException) -> str | None:
     return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
 
 
-def _preempted_line(name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, err: BaseException) -> str:
+def _preempted_line(
+    name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, err: BaseException, interrupted: bool = False
+) -> str:
+    what = "interrupted (Ctrl-C)" if interrupted else "preempted"
     resume = _resume_hint(job_dir, hydra_cfg, multirun)
     if resume is None:
-        return f"{name}: preempted ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
-    return f"{name}: preempted; {resume}"
+        return f"{name}: {what} ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
+    return f"{name}: {what}; {resume}"
 
 
 def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
@@ -266,7 +273,12 @@ def main() -> None:
             file=sys.stderr,
         )
     sys.argv[1:] = argv
-    hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(run)()
+    try:
+        hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(run)()
+    except KeyboardInterrupt:
+        # Outside a run's workers (those say how they stopped and how to resume): nothing to resume.
+        print("cocod-train: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

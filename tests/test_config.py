@@ -102,6 +102,7 @@ RECIPE_MODES = {
     "resnet18_cifar10.sh": ["node8", "torchrun", "slurm"],
     "vgg16_cifar100.sh": ["node8", "torchrun", "slurm"],
     "smoke.sh": [""],
+    "mnist1d_study.sh": [""],
 }
 
 
@@ -206,7 +207,8 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (["data=digits", "data.batch_size=719"], "at most 718 with 2 workers"),
         (["out_root=/proc/x"], "out_root='/proc/x' is invalid; accepted: a folder this user can write"),
-        (["strategy.timeout=0"], "strategy.timeout=0 is invalid; accepted: a positive number of seconds"),
+        (["strategy.timeout=0"], "strategy.timeout=0 is invalid; accepted: a number of seconds >= 1"),
+        (["strategy.timeout=0.001"], "strategy.timeout=0.001 is invalid; accepted: a number of seconds >= 1"),
         (["strategy=ssgd", "strategy.timeout=abc"], "strategy.timeout='abc' is invalid"),
         (
             ["checkpoint.every_n_steps=-1"],

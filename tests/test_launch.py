@@ -367,6 +367,37 @@ def test_sigterm_to_the_launcher_gives_the_workers_time_to_stop_together(tmp_pat
     assert processes_with(str(tmp_path)) == []
 
 
+def _launch_preemptible_by_hand(marker_dir: str, mode: str) -> None:
+    # Ctrl-C as in a terminal: a suite started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        results = launch_workers(
+            str(HELPERS / "preemptible_worker.py"), 2, None, args=[marker_dir, "never", mode], timeout_s=60,
+            output_dir=Path(marker_dir, "logs"),
+        )
+    except WorkersPreempted as stopped:
+        sys.exit(130 if stopped.interrupted else 75)
+    Path(marker_dir, "results.json").write_text(json.dumps(results))
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_to_the_launcher_stops_the_workers_as_a_preemption_and_says_it_was_an_interrupt(tmp_path):
+    exitcode, _ = signal_once_started(
+        _launch_preemptible_by_hand, (str(tmp_path), "stops"), tmp_path, 2, signal.SIGINT, start_s=15, stop_s=15
+    )
+    assert exitcode == 130  # WorkersPreempted(interrupted=True): the workers left with 75, not killed
+    assert processes_with(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_that_comes_as_the_workers_finish_keeps_their_results(tmp_path):
+    exitcode, _ = signal_once_started(
+        _launch_preemptible_by_hand, (str(tmp_path), "finishes"), tmp_path, 2, signal.SIGTERM, start_s=15, stop_s=15
+    )
+    assert exitcode == 0
+    assert json.loads((tmp_path / "results.json").read_text()) == [{"rank": 0}, {"rank": 1}]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("shadow", ["the clone's folder", "a module"])
 def test_workers_never_import_from_the_current_folder(tmp_path, shadow):

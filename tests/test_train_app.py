@@ -149,9 +149,10 @@ def _pid_of_rank(rank: int, job_dir: Path) -> int:
     raise AssertionError(f"no process for rank {rank} of {job_dir}")
 
 
-def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int, *args: str):
+def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int, *args: str, app_itself=False):
     """Runs cocod-train with ``args``; once its progress matches ``progress_seen``, sends ``sig``
-    to rank 1 alone. Returns the app's exit code, stdout and stderr."""
+    to rank 1 alone (or, ``app_itself``, to the app, as a terminal's Ctrl-C does). Returns the
+    app's exit code, stdout and stderr."""
     app = subprocess.Popen(
         [sys.executable, "-m", "lightning_cocod.train", *args],
         cwd=tmp_path,
@@ -160,6 +161,8 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
+        # As a terminal starts it: a suite run in the background inherits SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         progress = folder / "workers" / "progress.txt"
@@ -167,7 +170,7 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
         while not (progress.exists() and re.search(progress_seen, progress.read_text())):
             assert app.poll() is None and time.monotonic() < deadline, "the run ended or never got going"
             time.sleep(0.2)
-        os.kill(_pid_of_rank(1, folder), sig)
+        os.kill(app.pid if app_itself else _pid_of_rank(1, folder), sig)
         out, err = app.communicate(timeout=120)
     finally:
         app.kill()
@@ -225,6 +228,23 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
         f"checkpoint {last}; resume with: cocod-train "
         f"{shlex.join(a for a in common if a != 'run_id=r1')} max_epochs=50 run_id=r1 checkpoint.resume=last"
     )
+    assert "Traceback" not in errors
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_ctrl_c_to_the_app_says_so_and_prints_the_command_that_resumes(tmp_path):
+    common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=c1", "max_epochs=50"]
+    common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "progress_every_s=0.5"]
+    folder = tmp_path / "out" / "smoke" / "c1"
+    code, console, errors = _signal_rank_one(
+        tmp_path, folder, r"step ([3-9]|\d\d+)/", signal.SIGINT, *common, app_itself=True
+    )
+    assert code == 130, errors[-3000:]
+    last = folder / "checkpoints" / "last.ckpt"
+    assert f"cocod-tau4-w2-s0: interrupted (Ctrl-C); checkpoint {last}; resume with: cocod-train " in console
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] >= 3  # the workers saved
     assert "Traceback" not in errors
 
 

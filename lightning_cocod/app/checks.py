@@ -195,9 +195,11 @@ def check_values(cfg: DictConfig) -> None:
     method = method_of(cfg.strategy)
     _check_tau(cfg, method)
     timeout = cfg.strategy.get("timeout")
-    if "timeout" in cfg.strategy and (not _is_number(timeout) or timeout <= 0):
+    # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
+    # the process (SIGABRT) instead of raising: a failure that names nothing.
+    if "timeout" in cfg.strategy and (not _is_number(timeout) or timeout < 1):
         raise bad(
-            "strategy.timeout", timeout, "a positive number of seconds (how long a collective may wait)"
+            "strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)"
         )
     _check_hetero(cfg, method)
     _check_checkpoint(cfg)

@@ -76,14 +76,16 @@ class WorkerFailed(LaunchError):
 
 class WorkersPreempted(LaunchError):
     """Every rank stopped at the same step on a preemption signal (exit code 75), after writing
-    its checkpoint: the run can be resumed."""
+    its checkpoint: the run can be resumed. ``interrupted``: the signal was Ctrl-C (SIGINT) to
+    the launcher, which passed it on as a stop."""
 
-    def __init__(self, message: str, log_dir: str):
+    def __init__(self, message: str, log_dir: str, interrupted: bool = False):
         super().__init__(message)
         self.log_dir = log_dir
+        self.interrupted = interrupted
 
     def __reduce__(self):
-        return type(self), (str(self), self.log_dir)
+        return type(self), (str(self), self.log_dir, self.interrupted)
 
 
 class WorkersTimedOut(LaunchError):
@@ -358,19 +360,24 @@ def launch_workers(
             pending = set(range(world_size))
             try:
                 _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
-            except Terminated as stop:
-                # To the workers themselves, not their process groups: a worker's own children
-                # (data loaders) killed under it would turn the stop into a crash.
+            except (Terminated, KeyboardInterrupt) as stop:
+                # Ctrl-C too: the workers run in sessions of their own, so a terminal's SIGINT
+                # reaches only this process; they are asked to stop as a preemption asks them, and
+                # checkpoint. To the workers themselves, not their process groups: a worker's own
+                # children (data loaders) killed under it would turn the stop into a crash.
                 for rank in pending:
                     with contextlib.suppress(ProcessLookupError):
                         procs[rank].send_signal(signal.SIGTERM)
                 try:
                     _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
-                except WorkersPreempted:
+                except WorkersPreempted as preempted:
+                    preempted.interrupted = isinstance(stop, KeyboardInterrupt)
                     raise
                 except LaunchError:
                     raise stop from None
-                raise stop from None
+                # Every rank had finished its work (the signal came as they ended, during their
+                # test, say): the run is whole, and its results are what the caller asked for.
+                _warn_late_stop(stop)
             results = _read_results(world_size, result_paths, log_dir)
             ok = True
             return results
@@ -379,6 +386,15 @@ def launch_workers(
                 _terminate(procs, grace_s)
                 if ok and output_dir is None:
                     shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _warn_late_stop(stop: BaseException) -> None:
+    what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
+    print(
+        f"launch_workers: {what} came as the workers were finishing; they finished, and their results are kept",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _await_preempted(
