@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from lightning_cocod.app.checks import bad, first_line
 
 def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> str | None:
     """The checkpoint a run continues from, checked to exist and (``verify``) to be a whole
-    checkpoint, or None for a fresh start. ``last``: the newest ``last*.ckpt`` of ``job_dir``;
+    checkpoint, or None for a fresh start. ``last``: the ``last*.ckpt`` of ``job_dir`` that got furthest;
     ``auto``: the same when there is one, else a fresh start (what a requeued or restarted job
     wants: the same command either way)."""
     resume = cfg.checkpoint.resume
@@ -39,30 +40,30 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
 
 
 def newest_checkpoint(job_dir: Path) -> Path | None:
-    """The run folder's most recently written ``last*.ckpt`` (a fresh run beside an old one
-    writes last-v1.ckpt), or None."""
-    found = sorted((job_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    """The run folder's ``last*.ckpt`` that got furthest, by the step recorded in it (a file's
+    time says nothing: a ``touch``, a ``cp`` or a sync tool changes it), the later version
+    (``last-v1.ckpt`` beside ``last.ckpt``) on a tie; files that cannot be read come last, so
+    that one is chosen only when no other is there, to be refused by name. None without any."""
+    from lightning_cocod.strategies.checkpointing import saved_step
+
+    def progress(path: Path) -> tuple[bool, int, int]:
+        step = saved_step(path)
+        version = re.fullmatch(r"last-v(\d+)\.ckpt", path.name)
+        return step is not None, -1 if step is None else step, int(version.group(1)) if version else 0
+
+    found = [(progress(p), p) for p in (job_dir / "checkpoints").glob("last*.ckpt")]
+    return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be resumed from (truncated, empty, not a checkpoint), or None."""
-    try:
-        from lightning_cocod.strategies.checkpointing import verify_checkpoint
-    except ImportError:
-        verify_checkpoint = None
-    if verify_checkpoint is not None:
-        try:
-            verify_checkpoint(path)  # its checksum, then that it loads; the message names the file
-        except ValueError as err:
-            return first_line(err)
-        return None
-    import torch
+    """Why ``path`` cannot be resumed from (truncated, empty, altered, not a checkpoint, not plain
+    data), or None."""
+    from lightning_cocod.strategies.checkpointing import verify_checkpoint
 
     try:
-        torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:  # noqa: BLE001 - whatever a bad file raises, it cannot be resumed from
-        return f"{path}: {first_line(err)}"
+        verify_checkpoint(path)  # loads it as data and checks its integrity; the message names the file
+    except ValueError as err:
+        return first_line(err)
     return None
 
 

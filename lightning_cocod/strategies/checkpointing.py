@@ -1,43 +1,60 @@
 """What a checkpoint needs beyond Lightning's own to resume a run of ours exactly, and how it is
-written so that no crash, kill or bad disk ever leaves a file that a run would train from wrongly.
+written and read so that no crash, kill, bad disk or file of unknown origin ever makes a run train
+from something wrong, or run code that came with a file.
 
 The weights are identical on every rank at a checkpoint (it is a synchronisation point), but
 each worker's optimizer state (momentum stays local) and random state are its own: rank 0
 gathers them into ``checkpoint[STATE_KEY]["ranks"]`` and each rank takes its own back on resume.
 
-On disk: the file is written under a temporary name and renamed, so a crash mid-write never
-leaves a truncated file where the last good one was; a SHA-256 of its bytes goes into
-``<file>.sha256`` beside it, and ``verify_checkpoint`` refuses a file whose bytes do not match
-(a checksum detects corruption, it does not repair it). The digest file lists the new digest
-and the previous one while the rename is under way, so a crash between the two renames leaves
-a pair that still verifies.
+Trust: a checkpoint is data. It is unpickled with ``weights_only=True`` (tensors, numbers,
+strings, containers and the types registered with ``torch.serialization.add_safe_globals``), so
+a file whose pickle would call a function is refused before anything of it runs; a file the
+user trusts by name (``TRUST_ENV``, or ``weights_only=False`` given to ``fit`` by hand) is the
+only exception.
+
+Integrity: ``atomic_save`` records a SHA-256 of each top-level entry's content (every tensor's
+bytes, every plain value) inside the file, under ``INTEGRITY_KEY``; ``read_checkpoint`` recomputes
+it after loading and refuses a file whose content differs, naming the entry. The record travels
+with the file (a copy, a sync tool), and no file beside it confuses Lightning's own look-ups (HPC
+checkpoints are found by the digits of every file name in the folder). A ``<file>.sha256`` of
+the bytes, what earlier versions wrote beside the file, is still checked for a file that has no
+record inside. The file is written under a hidden temporary name, flushed to disk and renamed, so
+a crash never leaves a truncated file where the last good one was.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lightning_cocod._files import fsync_dir, fsync_file
+
+log = logging.getLogger(__name__)
+
 STATE_KEY = "lightning_cocod"
-DIGEST_SUFFIX = ".sha256"
-_TMP_MARK = ".tmp-"
+INTEGRITY_KEY = "lightning_cocod_integrity"
+TRUST_ENV = "LIGHTNING_COCOD_TRUSTED_CHECKPOINTS"
+DIGEST_SUFFIX = ".sha256"  # what earlier versions wrote beside a checkpoint
+_TMP_PREFIX = ".cocod-partial-"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file that must not be trained from: missing, empty, truncated or corrupt."""
+    """A checkpoint that must not be trained from: missing, empty, truncated, altered, or not plain data."""
 
 
 def rng_state() -> dict[str, Any]:
-    # torch's generators drive the on-device augmentation. Tensors only, so the checkpoint
-    # still loads with torch.load(weights_only=True).
+    # torch's generators drive the on-device augmentation. Tensors only: the checkpoint stays data.
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -59,6 +76,170 @@ def gather_to_rank_zero(obj: Any, world_size: int) -> list[Any] | None:
     return gathered
 
 
+# -- integrity -------------------------------------------------------------------------------------
+
+
+def content_digest(value: Any) -> str:
+    """SHA-256 of ``value`` as a checkpoint holds it: the same before saving and after loading,
+    on any device and whatever storage a tensor shares, and different if one byte of a tensor
+    or one plain value changes."""
+    sha = hashlib.sha256()
+    _feed(sha, value)
+    return sha.hexdigest()
+
+
+def _feed(sha: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        tensor = tensor.cpu().contiguous()
+        sha.update(f"tensor {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        sha.update(f"{type(value).__qualname__} {len(value)}\n".encode())
+        for key, item in value.items():  # insertion order survives pickling
+            _feed(sha, key)
+            _feed(sha, item)
+    elif isinstance(value, (list, tuple)):
+        sha.update(f"{type(value).__qualname__} {len(value)}\n".encode())
+        for item in value:
+            _feed(sha, item)
+    elif isinstance(value, (set, frozenset)):  # iteration order differs between processes
+        sha.update(f"{type(value).__qualname__} {sorted(content_digest(v) for v in value)}\n".encode())
+    elif value is None or isinstance(value, (str, bytes, int, float, complex, torch.dtype, torch.device)):
+        # repr: unambiguous (a string's newlines are escaped), and exact for floats
+        sha.update(f"{type(value).__qualname__} {value!r}\n".encode())
+    else:
+        # Only a trusted load reads other objects back; their type is what can be compared reliably.
+        sha.update(f"object {type(value).__module__}.{type(value).__qualname__}\n".encode())
+
+
+def with_integrity_record(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with the digest of each of its entries recorded in it, under ``INTEGRITY_KEY``."""
+    content = {k: v for k, v in checkpoint.items() if k != INTEGRITY_KEY}
+    return {**content, INTEGRITY_KEY: {"sha256": {k: content_digest(v) for k, v in content.items()}}}
+
+
+def _check_integrity(where: str, checkpoint: dict[str, Any]) -> bool:
+    """Raise ``CheckpointError`` if ``checkpoint`` differs from the record in it; False if it has none.
+    Removes the record: what is returned is what was saved."""
+    if not isinstance(checkpoint, dict) or INTEGRITY_KEY not in checkpoint:
+        return False
+    record = checkpoint.pop(INTEGRITY_KEY)
+    digests = record.get("sha256") if isinstance(record, dict) else None
+    readable = isinstance(digests, dict) and all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
+    if not readable:
+        raise CheckpointError(f"checkpoint {where} is damaged: its integrity record ({INTEGRITY_KEY}) is unreadable")
+    for key in [*digests, *(k for k in checkpoint if k not in digests)]:
+        if key not in checkpoint:
+            problem = f"its entry {key!r} is missing"
+        elif key not in digests:
+            problem = f"it has an entry {key!r} that was not there when it was written"
+        elif content_digest(checkpoint[key]) != digests[key]:
+            problem = f"its entry {key!r} does not match the SHA-256 recorded when it was written"
+        else:
+            continue
+        raise CheckpointError(f"checkpoint {where} is damaged: {problem}; resume from another checkpoint")
+    return True
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def trusted(path: str | os.PathLike) -> bool:
+    """Whether the user named ``path`` in ``TRUST_ENV`` (``os.pathsep``-separated paths): a file
+    whose code, if its pickle holds any, may run when it loads."""
+    named = [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
+    return any(os.path.realpath(os.path.expanduser(p)) == os.path.realpath(path) for p in named)
+
+
+def read_checkpoint(
+    path: str | os.PathLike,
+    load: Callable[[bool], Any] | None = None,
+    *,
+    trust: bool = False,
+    warn_unverified: bool = True,
+) -> dict[str, Any]:
+    """The checkpoint at ``path``, loaded as data and checked whole, or ``CheckpointError`` in one
+    line naming the file and what is wrong.
+
+    ``load(weights_only)`` reads it (the strategy's checkpoint IO); by default torch.load on the
+    CPU, memory-mapped. ``trust`` (or the path named in ``TRUST_ENV``) lets its pickle run code.
+    Its integrity record must match; a file without one is checked against a ``.sha256`` beside it
+    if there is one, and otherwise loads with a warning (``warn_unverified``) that nothing vouches
+    for its content (a plain Lightning checkpoint, or one written before the record existed).
+    """
+    local = "://" not in str(path)
+    where = str(Path(path).resolve()) if local else str(path)  # a "last" link is its target
+    if local:
+        target = Path(where)
+        if not target.is_file():
+            raise CheckpointError(f"checkpoint {where} does not exist or is not a file")
+        if target.stat().st_size == 0:
+            raise CheckpointError(f"checkpoint {where} is empty (0 bytes): it was never written completely")
+    as_data = not (trust or (local and trusted(where)))
+    try:
+        checkpoint = load(as_data) if load is not None else _torch_load(where, as_data)
+    except Exception as err:  # noqa: BLE001 - any failure to read means the file cannot be used
+        raise CheckpointError(_unreadable(where, err)) from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {where} holds a {type(checkpoint).__name__}, not a checkpoint")
+    verified = _check_integrity(where, checkpoint) or (local and _check_legacy_digest(where))
+    if not verified and warn_unverified:
+        log.warning(
+            f"checkpoint {where} carries no integrity record (written by Lightning itself or by an older "
+            "lightning_cocod): it loaded, but nothing shows that its content is what was saved"
+        )
+    return checkpoint
+
+
+def _torch_load(path: str | os.PathLike, weights_only: bool) -> Any:
+    # Memory-mapped: tensors are read when used, so reading only the pickle costs only the pickle.
+    return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """Raise ``CheckpointError`` (one line naming the file) unless ``path`` loads as data and whole."""
+    read_checkpoint(path)
+
+
+def _unreadable(where: str, err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    code = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if code:
+        return (
+            f"checkpoint {where} is not plain data: loading it would call {code.group(1)}; refused, as "
+            f"checkpoints load as data only (if you trust this file and what it runs, name it in {TRUST_ENV})"
+        )
+    detail = text.partition("WeightsUnpickler error: ")[2] or text
+    detail = re.split(r"(?<=\.) ", detail, maxsplit=1)[0] if detail else type(err).__name__
+    return f"checkpoint {where} cannot be read ({detail}): resume from another checkpoint"
+
+
+def _check_legacy_digest(where: str) -> bool:
+    """Check a checkpoint without a record against the ``.sha256`` of its bytes beside it, if any."""
+    listed = Path(f"{where}{DIGEST_SUFFIX}")
+    try:
+        digests = listed.read_text().split()
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError):
+        digests = []
+    if not digests or not all(_SHA256.fullmatch(d) for d in digests):
+        raise CheckpointError(
+            f"checksum file {listed} is damaged (it holds no SHA-256 digest), so checkpoint {where} cannot "
+            "be checked against it: delete the checksum file to load the checkpoint unchecked, or resume "
+            "from another checkpoint"
+        )
+    if file_digest(where) not in digests:
+        raise CheckpointError(
+            f"checkpoint {where} does not match its checksum in {listed.name} (corrupt or truncated): "
+            "resume from another checkpoint"
+        )
+    return True
+
+
 def file_digest(path: str | os.PathLike) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -67,35 +248,44 @@ def file_digest(path: str | os.PathLike) -> str:
     return sha.hexdigest()
 
 
-def _digest_path(path: str | os.PathLike) -> Path:
-    return Path(f"{path}{DIGEST_SUFFIX}")
-
-
-def _read_digests(path: str | os.PathLike) -> list[str]:
+def saved_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` a checkpoint file records, or None if it cannot be read as data."""
     try:
-        return _digest_path(path).read_text().split()
-    except FileNotFoundError:
-        return []
+        checkpoint = _torch_load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - an unreadable file has no step to offer
+        return None
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _write_digests(path: str | os.PathLike, digests: list[str]) -> None:
-    target = _digest_path(path)
-    tmp = Path(f"{target}{_TMP_MARK}{_owner_tag()}")
-    tmp.write_text("\n".join(digests) + "\n")
-    os.replace(tmp, target)
+# -- writing ---------------------------------------------------------------------------------------
 
 
 def _owner_tag() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _temporary(path: str | os.PathLike) -> Path:
+    # Hidden, and without the file's name in it: Lightning reads a version from the digits of every
+    # file name that contains "ckpt_" (HPC checkpoints), a half-written one included.
+    target = Path(path)
+    return target.parent / f"{_TMP_PREFIX}{_name_tag(target.name)}-{_owner_tag()}"
+
+
+def _name_tag(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Delete ``<file>.tmp-<host>-<pid>`` leftovers of writers on this host that no longer run
-    (a writer killed mid-write cannot clean up after itself); returns what was removed."""
+    """Delete the temporaries of writers of ``path`` on this host that no longer run (a writer
+    killed mid-write cannot clean up after itself), earlier versions' names included; returns
+    what was removed."""
     target = Path(path)
     if not target.parent.is_dir():
         return []
-    pattern = re.compile(rf"^{re.escape(target.name)}(?:{re.escape(DIGEST_SUFFIX)})?{re.escape(_TMP_MARK)}(.+)-(\d+)$")
+    ours = re.escape(f"{_TMP_PREFIX}{_name_tag(target.name)}")
+    older = rf"{re.escape(target.name)}(?:{re.escape(DIGEST_SUFFIX)})?\.tmp"
+    pattern = re.compile(rf"^(?:{ours}|{older})-(.+)-(\d+)$")
     host, removed = socket.gethostname(), []
     for candidate in target.parent.iterdir():
         match = pattern.match(candidate.name)
@@ -117,56 +307,31 @@ def _alive(pid: int) -> bool:
 
 
 def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-    """Write ``checkpoint`` to ``filepath`` through ``checkpoint_io``: whole or not at all, with its digest."""
+    """Write ``checkpoint`` with its integrity record to ``filepath`` through ``checkpoint_io``:
+    whole, on disk, or not at all."""
+    checkpoint = with_integrity_record(checkpoint)
     path = str(filepath)
     if "://" in path:  # remote storage: no rename there, the backend's own semantics apply
         checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         return
     remove_stale_temporaries(path)
-    # The digest is of the file's bytes: they must be on disk when this returns (a checkpoint is
-    # a synchronisation point anyway), so an asynchronous plugin writes through its inner one.
+    # The file must be on disk when this returns (a checkpoint is a synchronisation point, and
+    # the rename must not outrun the bytes), so an asynchronous plugin writes through its inner one.
     if type(checkpoint_io).__name__ == "AsyncCheckpointIO":
         checkpoint_io = checkpoint_io.checkpoint_io
-    tmp = Path(f"{path}{_TMP_MARK}{_owner_tag()}")
+    tmp = _temporary(path)
     try:
         checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
-        digest = file_digest(tmp)
-        # Either file verifies until the rename is done, whatever earlier crashes left listed.
-        previous = _read_digests(path) or ([file_digest(path)] if os.path.isfile(path) else [])
-        _write_digests(path, [digest, *previous])
+        fsync_file(tmp)
+        # An earlier version's checksum would describe the file this one replaces.
+        remove_digest(path)
         os.replace(tmp, path)
-        _write_digests(path, [digest])
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def remove_digest(path: str | os.PathLike) -> None:
-    """With a checkpoint removed (a top-k file replaced), its digest goes too."""
+    """Remove the ``.sha256`` an earlier version wrote beside ``path`` (a top-k file removed, or rewritten)."""
     if "://" not in str(path):
-        _digest_path(path).unlink(missing_ok=True)
-
-
-def verify_checkpoint(path: str | os.PathLike) -> None:
-    """Raise ``CheckpointError`` (one line naming the file) unless ``path`` is a whole checkpoint.
-
-    With a digest file beside it (every checkpoint our strategies write) the bytes must match it;
-    without one (a plain Lightning checkpoint) the file must at least be readable as a checkpoint.
-    """
-    target = Path(path).resolve()  # a "last" link (ModelCheckpoint(save_last="link")) is its target
-    if not target.is_file():
-        raise CheckpointError(f"checkpoint {target} does not exist or is not a file")
-    if target.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {target} is empty (0 bytes): it was never written completely")
-    digests = _read_digests(target)
-    if digests:
-        if file_digest(target) not in digests:
-            raise CheckpointError(
-                f"checkpoint {target} does not match its checksum in {_digest_path(target).name} "
-                "(corrupt or truncated): resume from another checkpoint"
-            )
-        return
-    try:
-        torch.load(target, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:  # noqa: BLE001 - any failure to read means the same thing here
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"checkpoint {target} cannot be read ({first}): resume from another checkpoint") from None
+        Path(f"{path}{DIGEST_SUFFIX}").unlink(missing_ok=True)
