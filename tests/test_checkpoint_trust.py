@@ -25,6 +25,7 @@ from lightning_cocod.strategies.checkpointing import (
     file_digest,
     verify_checkpoint,
 )
+from tests.helpers.checkpoints import flip_byte_inside
 from tests.helpers.toy import ToyRegression
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,16 +73,6 @@ def with_code(source: Path, target: Path, marker: Path) -> Path:
     checkpoint["payload"] = RunsCode(marker)
     torch.save(checkpoint, target)
     return target
-
-
-def flip_byte_inside(path: Path, tensor: torch.Tensor) -> None:
-    """Flip one bit in the middle of ``tensor``'s bytes as the file stores them."""
-    data = bytearray(path.read_bytes())
-    raw = tensor.detach().contiguous().view(torch.uint8).numpy().tobytes()
-    at = data.find(raw)
-    assert at >= 0 and data.find(raw, at + 1) < 0, "the tensor's bytes must be in the file exactly once"
-    data[at + len(raw) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
 
 
 def one_line(err: pytest.ExceptionInfo) -> str:
