@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -49,7 +50,7 @@ from lightning_cocod.strategies.reliability import (
     first_line,
     parse_timeout,
 )
-from lightning_cocod.strategies.rendezvous import init_default_group
+from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class StrategyCommon(ReliableStrategy):
         if start_method not in _START_METHODS:
             raise ValueError(f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}")
         self._init_reliability()
+        self._environment_before: dict[str, str | None] = {}
         return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
 
     def setup_distributed(self) -> None:
@@ -91,6 +93,8 @@ class StrategyCommon(ReliableStrategy):
         try:
             self.set_world_ranks()
             if self.world_size > 1 and self.cluster_environment is not None:
+                if not self._environment_before:  # a stage's set-up, restored at its teardown
+                    self._environment_before = {name: os.environ.get(name) for name in RUN_ENVIRONMENT}
                 # Before Lightning's own set-up, which then finds the group initialised.
                 init_default_group(
                     self.cluster_environment.main_address,
@@ -208,6 +212,12 @@ class StrategyCommon(ReliableStrategy):
             self._requests.comm.destroy()
             self._requests = self._control_group = None
         super().teardown()  # type: ignore[misc]
+        for name, value in self._environment_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._environment_before = {}
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         self._verify_before_load(checkpoint_path)
@@ -296,6 +306,7 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         self.weight: float | None = None
         self._comm: Communicator | None = None
         self._tensors: list[Tensor] = []
+        self._names: list[str] = []  # what each of ``_tensors`` is in the module, for following it
         self._scratch: FlatBuffer | None = None
         self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
@@ -348,7 +359,7 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             module = self.lightning_module
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.detach(), src=0)
-        self._tensors = self._model_tensors()
+        self._capture()
         self._steps = 0
         self.comm_stats = CommStats()
         self._logged_rounds = 0
@@ -357,16 +368,79 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             self._build(self._tensors)
         if self._restored is not None:
             self._load_strategy_state(self._restored["strategy"])
-            if self._restored["world_size"] == self.world_size:
+            mine = self._own_restored_state()
+            if mine is not None:
                 # This rank's own share (rank 0's is in the strategy state of older checkpoints).
-                self.weight = self._restored["ranks"][self.global_rank].get("weight", self.weight)
+                self.weight = mine.get("weight", self.weight)
 
-    def _model_tensors(self) -> list[Tensor]:
+    def _live_tensors(self) -> list[tuple[str, Tensor]]:
+        """(name, tensor) of what the rounds average, as the module holds them now."""
         module = self.lightning_module
-        tensors = [p.detach() for p in module.parameters() if p.is_floating_point()]
+        named = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
         if self.average_buffers:
-            tensors += [b.detach() for b in module.buffers() if b.is_floating_point()]
-        return tensors
+            named += [(n, b) for n, b in module.named_buffers() if b.is_floating_point()]
+        return named
+
+    def _capture(self) -> None:
+        live = self._live_tensors()
+        self._names = [name for name, _ in live]
+        self._tensors = [t.detach() for _, t in live]
+
+    def _follow_model(self) -> None:
+        """Make the averaged tensors the module's current ones, before a round touches them.
+
+        ``param.data = ...``, a module replaced by one of the same shapes, or a pruning-style
+        swap rebinds storage that the captured tensors no longer alias: averaging those would
+        leave the model's real weights to each worker alone, silently. Same names, shapes and
+        dtypes are followed (the flat buffers hold copies, so they stay valid); anything else
+        would change the collective's layout under a round in flight, and is refused.
+        """
+        live = self._live_tensors()
+        self._refuse_untracked_optimizer_tensors(live)
+        if len(live) == len(self._tensors) and all(
+            name == known and t.data_ptr() == k.data_ptr() and t.shape == k.shape and t.stride() == k.stride()
+            for (name, t), known, k in zip(live, self._names, self._tensors)
+        ):
+            return
+        now = dict(live)
+        owner, when = type(self).__name__, f"at optimizer step {self._steps}"
+        fixed = (
+            "the averaged tensors and their shapes are fixed once the strategy has set up: change the model "
+            "before fit (in configure_model or setup); rebinding a tensor of the same shape and dtype is followed"
+        )
+        for name, old in zip(self._names, self._tensors):
+            new = now.get(name)
+            if new is None:
+                raise ValueError(f"{owner}: the model's tensor '{name}' was removed {when}; {fixed}")
+            if (new.shape, new.dtype, new.device) != (old.shape, old.dtype, old.device):
+                raise ValueError(
+                    f"{owner}: the model's tensor '{name}' changed from {tuple(old.shape)} {old.dtype} on {old.device} to "
+                    f"{tuple(new.shape)} {new.dtype} on {new.device} {when}; {fixed}"
+                )
+        if len(now) != len(self._names):
+            added = next(name for name in now if name not in self._names)
+            raise ValueError(f"{owner}: the model's tensor '{added}' was added {when}; {fixed}")
+        self._tensors = [now[name].detach() for name in self._names]  # the flat buffers' order
+        self._retarget()
+
+    def _refuse_untracked_optimizer_tensors(self, live: list[tuple[str, Tensor]]) -> None:
+        # A tensor the optimizer trains outside the module (a plain tensor attribute, another
+        # module's parameter) would be trained by each worker alone. One with a gradient is in
+        # use; a stale one (the old copy of a replaced layer) gets none and does no harm.
+        owned = {id(t) for _, t in live}
+        for optimizer in self.optimizers:
+            for g, group in enumerate(optimizer.param_groups):
+                for i, p in enumerate(group["params"]):
+                    if p.grad is not None and id(p) not in owned and p.is_floating_point():
+                        raise ValueError(
+                            f"{type(self).__name__}: the optimizer trains a tensor of shape {tuple(p.shape)} (param "
+                            f"group {g}, index {i}) that is not a parameter of the LightningModule, so no worker's "
+                            "copy would be averaged with the others; register it on the module (an nn.Parameter "
+                            "attribute or a submodule's) before fit"
+                        )
+
+    def _retarget(self) -> None:
+        """Point whatever holds the model's tensors at ``self._tensors`` (subclasses holding some override)."""
 
     def _build(self, tensors: list[Tensor]) -> None:
         """Allocate what the algorithm needs (flat buffers); called once the model is placed."""
@@ -451,6 +525,7 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         """Blocking weighted average of the model tensors on every rank (see average_blocking);
         a worker with non-finite values stops everyone before anything is sent."""
         assert self._comm is not None
+        self._follow_model()
         check = lambda buckets: self._agree_finite(has_nonfinite(buckets), what)
         return average_blocking(self._tensors, self._scratch_buffer(), self._comm, self.weight, check, swap)
 
@@ -505,7 +580,7 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         if self._comm is None:
             return
         if not self._tensors:  # test/validate without fit: configure_ddp did not run
-            self._tensors = self._model_tensors()
+            self._capture()
         buffer = self._scratch_buffer()
         with torch.no_grad(), self._collective("averaging for evaluation"):
             self._average_now("evaluation", swap=True)  # model <- average, buffer <- live weights
@@ -554,8 +629,13 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             "rng": rng_state(),
             "weight": self.weight,  # a share of its own under proportional sampling
         }
-        with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
-            ranks = gather_to_rank_zero(local, self.world_size)
+        if self.world_size > 1 and not dist.is_initialized():
+            # The main process after a spawn/fork fit (trainer.save_checkpoint there): it holds
+            # rank 0's weights but no worker's optimizer or random state, so it records none.
+            ranks: list[Any] | None = []
+        else:
+            with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
+                ranks = gather_to_rank_zero(local, self.world_size)
         if self.global_rank == 0:
             checkpoint[STATE_KEY] = {
                 "strategy": self._strategy_state(),
@@ -570,9 +650,14 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
         if state is None:
             return checkpoint  # a plain Lightning checkpoint: weights and rank 0's optimizer state
         self._restored = state
-        if state["world_size"] == self.world_size:
-            mine = state["ranks"][self.global_rank]
+        mine = self._own_restored_state()
+        if mine is not None:
             checkpoint["optimizer_states"] = mine["optimizer_states"]
+        elif self.global_rank == 0 and not state["ranks"]:
+            log.warning(
+                "resuming a checkpoint written by the main process after a spawn/fork fit: it holds the weights "
+                "but no worker's optimizer state, so every worker starts with fresh momentum"
+            )
         elif self.global_rank == 0:
             log.warning(
                 f"resuming a {state['world_size']}-worker checkpoint on {self.world_size} workers: every "
@@ -580,10 +665,19 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             )
         return checkpoint
 
+    def _own_restored_state(self) -> dict[str, Any] | None:
+        """This rank's optimizer and random state from the checkpoint being resumed, when it holds
+        one per worker of this run (same number of workers, written by the workers themselves)."""
+        state = self._restored
+        if state is None or state["world_size"] != self.world_size or len(state["ranks"]) != self.world_size:
+            return None
+        return state["ranks"][self.global_rank]
+
     def on_train_start(self) -> None:
         super().on_train_start()
-        if self._restored is not None and self._restored["world_size"] == self.world_size:
-            set_rng_state(self._restored["ranks"][self.global_rank]["rng"])
+        mine = self._own_restored_state()
+        if mine is not None:
+            set_rng_state(mine["rng"])
         self._restored = None
 
     # -- teardown ------------------------------------------------------------------------

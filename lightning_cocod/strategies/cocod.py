@@ -109,6 +109,10 @@ class CoCoDMethod(SyncStrategyBase):
         self._timing, self._measured = None, None
         self.tau_history = [(0, self.tau)]
 
+    def _retarget(self) -> None:
+        if self._round is not None:
+            self._round.tensors = self._tensors
+
     def _flat_buffers(self) -> list[FlatBuffer]:
         mine = [self._round.snapshot, self._round.average] if self._round is not None else []
         return mine + [b for b in super()._flat_buffers() if all(b is not m for m in mine)]
@@ -126,6 +130,7 @@ class CoCoDMethod(SyncStrategyBase):
         if self._round.pending:
             return
         beginning = time.perf_counter()
+        self._follow_model()
         self._round.weight = self.weight
         self._round.begin()
         self._launch_step = self._steps
@@ -179,6 +184,7 @@ class CoCoDMethod(SyncStrategyBase):
             self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
             return
         merging = time.perf_counter()
+        self._follow_model()  # the merge lands in the weights the model holds now
         handle = self._round.finish()
         # The merge's own time: the host blocking in the wait for the model's all-reduce is
         # communication, not the round's work (on CUDA it is a stream dependency instead).

@@ -33,10 +33,16 @@ class PipeSGDMethod(SyncStrategyBase):
 
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
+        self._pipeline = GradientPipeline(self._live_params(), self._comm)
+
+    def _live_params(self) -> list[Tensor]:
         # The live parameters, not the detached views: the pipeline reads and writes their .grad.
         # All of them, frozen or not, so one unfrozen mid-fit is in the exchange from then on.
-        params = [p for p in self.lightning_module.parameters() if p.is_floating_point()]
-        self._pipeline = GradientPipeline(params, self._comm)
+        return [p for p in self.lightning_module.parameters() if p.is_floating_point()]
+
+    def _retarget(self) -> None:
+        if self._pipeline is not None:  # a replaced module brings Parameters of its own
+            self._pipeline.params = self._live_params()
 
     def _flat_buffers(self) -> list:
         mine = list(self._pipeline.buffers) if self._pipeline is not None else []
@@ -44,6 +50,9 @@ class PipeSGDMethod(SyncStrategyBase):
 
     def _exchange(self) -> None:
         assert self._pipeline is not None and self._comm is not None
+        # Every step (a gradient exchange is a round): the gradients must be those of the
+        # Parameters the model holds now.
+        self._follow_model()
         flags: list[Tensor] = []
         # Read before the launch: once in flight the buffer holds a partial sum of everyone's.
         _, waited = self._pipeline.exchange(lambda buckets: flags.append(self._health_flags(has_nonfinite(buckets))))

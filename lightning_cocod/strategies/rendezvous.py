@@ -31,6 +31,9 @@ import torch.distributed as dist
 from lightning_cocod.strategies.reliability import RendezvousError, first_line
 
 _ARRIVED = "lightning_cocod/ranks_arrived"
+# What ``init_default_group`` may set in os.environ; a strategy puts them back at teardown, so a
+# notebook or a test harness finds its environment as it was.
+RUN_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def is_loopback(address: str) -> bool:
@@ -92,6 +95,11 @@ def init_default_group(
 ) -> bool:
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
+    loopback = is_loopback(address)
+    if loopback and not uses_agent_store():
+        # At every stage, not only the first: the groups a later stage creates read them too.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if dist.is_initialized():
         return False
     if uses_agent_store():
@@ -105,11 +113,7 @@ def init_default_group(
                 "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun to restart safely"
             )
         return False
-    loopback = is_loopback(address)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
-    if loopback:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     listen_fd = _listen_on_loopback(port, world_size) if loopback and rank == 0 else None
     host = "127.0.0.1" if loopback else address
     kwargs = {"device_id": device} if device.type != "cpu" else {}
