@@ -46,7 +46,43 @@ def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
     assert record["workers"] == 2 and record["test_acc"] is not None and record["steps"] == 16
     # The launcher picked what this machine has: the CPU and gloo, one thread per rank as asked.
     assert measured["accelerator"] == "cpu" and measured["threads"] == 1 and measured["world_size"] == 2
+    # ... and given to the OpenMP runtime before torch loaded, as OMP_NUM_THREADS=1 would have
+    # (torchrun sets nothing for one process per node).
+    assert "OMP_NUM_THREADS" not in env and record["omp_num_threads"] == "1"
     assert record["condition"]["config"]["launcher"]["name"] == "torchrun"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("key", "rank0", "rank1", "named"),
+    [("seed", 0, 1, "seed"), ("tau", 2, 4, "strategy.tau"), ("model.net.width", 8, 16, "model")],
+)
+def test_ranks_that_disagree_on_the_config_are_all_stopped_in_one_line_naming_it(tmp_path, key, rank0, rank1, named):
+    port, agents = free_port(), []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for node, value in ((0, rank0), (1, rank1)):
+        agents.append(subprocess.Popen(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                "-m", "lightning_cocod.train", "launcher=torchrun", "experiment=smoke", "run_id=differ",
+                f"out_root={tmp_path / f'node{node}'}", "launcher.threads_per_worker=1", "strategy.timeout=60",
+                f"{key}={value}",
+            ],
+            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        ))
+    outputs = [agent.communicate(timeout=220) for agent in agents]
+    assert [agent.returncode for agent in agents] == [1, 1], outputs
+    for out, err in outputs:
+        said = [line for line in err.splitlines() if line.startswith("cocod-train: error: ")]
+        # torchrun adds its own report of the failed agent; ours is one line, with no traceback.
+        assert len(said) == 1 and err.count("ConfigMismatch") == 1, err[-3000:]
+        assert f"ConfigMismatch: rank 1 disagrees with rank 0 on {named}" in said[0]
+        if named != "model":
+            assert f"{named}: {rank0!r} on rank 0, {rank1!r} on rank 1" in said[0]
+    assert not list(tmp_path.rglob("run.json"))
 
 
 SLURM_TASK_3 = {  # task 3 of a 2-node x 2-task job, on the second node

@@ -128,6 +128,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
     from hydra.utils import instantiate
 
     import lightning_cocod  # noqa: F401 - registers the strategy names
+    from lightning_cocod.app.agreement import SameConfig, must_agree
     from lightning_cocod.app.objects import build_strategy
     from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 
@@ -139,6 +140,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
     timeline = AccuracyTimeline(timer, metric="val/acc", target=cfg.target_accuracy)
     logger = build_logger(cfg.logger, job_dir, identity)
     callbacks = [
+        SameConfig(must_agree(cfg)),  # first: before any callback of the list talks to the other ranks
         timer,
         timeline,
         *_hetero_callbacks(cfg),
@@ -180,6 +182,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "steps": trainer.global_step,
         "steps_trained": len(timer.step_ends),  # by this invocation: fewer than steps when resumed
         "resumed_from": resume,
+        # What the OpenMP runtime was given when torch loaded (torch's own count is the condition's).
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "target_accuracy": cfg.target_accuracy,
         "time_to_target_seconds": timeline.time_to_target,
         # With no finished round there is no share to speak of (CommStats would say 1.0).

@@ -1,0 +1,78 @@
+"""Every rank runs the same job: checked once the ranks have met, before they exchange anything.
+
+Under torchrun and SLURM every rank composes its own config. Ranks given different seeds trained
+on different data and the record said rank 0's seed; a different period, batch, step budget or
+model made gloo abort one rank (SIGABRT) at the first mismatched collective, naming nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig
+
+
+class ConfigMismatch(RuntimeError):
+    """Ranks that disagree on what must agree; the message names the key and both values."""
+
+
+# Settings that may differ between ranks: a node's own paths, and how long a rank waits.
+_LOCAL = {"root", "timeout"}
+
+
+def must_agree(cfg: DictConfig) -> dict[str, Any]:
+    """What every rank of one run must share, by the config key a user would correct."""
+    from omegaconf import OmegaConf
+
+    values: dict[str, Any] = {"run_id": cfg.run_id, "seed": cfg.seed, "max_steps": cfg.max_steps}
+    values["max_epochs"] = cfg.max_epochs
+    for section in ("strategy", "data"):
+        plain = OmegaConf.to_container(cfg[section], resolve=True)
+        assert isinstance(plain, dict)
+        for key, value in sorted(plain.items()):
+            if key not in _LOCAL:
+                values[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool, type(None))) else (
+                    json.dumps(value, sort_keys=True, default=str)
+                )
+    return values
+
+
+def structure(module: Any) -> str:
+    """A digest of the model's parameter names and shapes (its width, depth and classes)."""
+    shapes = [(name, list(p.shape)) for name, p in module.named_parameters()]
+    return hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12]
+
+
+def disagreement(values: list[dict[str, Any]]) -> str | None:
+    """The first key on which a rank differs from rank 0, in words, or None."""
+    for key in values[0]:
+        for rank, other in enumerate(values[1:], start=1):
+            if other.get(key) != values[0][key]:
+                return (
+                    f"rank {rank} disagrees with rank 0 on {key}: {values[0][key]!r} on rank 0, "
+                    f"{other.get(key)!r} on rank {rank}; every rank must be started with the same config"
+                )
+    return None
+
+
+class SameConfig(pl.Callback):
+    """At setup (the ranks have met; the strategy has not yet broadcast the model), every rank
+    gathers every rank's values and ends with the same ConfigMismatch if any differs."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        import torch.distributed as dist
+
+        if trainer.world_size == 1 or not dist.is_available() or not dist.is_initialized():
+            return
+        mine = {**self.values, "model (a digest of its parameter shapes)": structure(pl_module)}
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        problem = disagreement(gathered)
+        if problem:
+            raise ConfigMismatch(problem)
