@@ -132,6 +132,20 @@ def full_loss(model: Regression, seed: int) -> float:
 # -- the four entry points --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "option",
+    ["find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb", "broadcast_buffers",
+     "model_averaging_period", "ddp_comm_hook"],
+)
+@pytest.mark.parametrize("strategy", OURS)
+def test_ddp_options_are_refused_naming_them_and_why(strategy, option):
+    cls = pl.Trainer(strategy=strategy, accelerator="cpu", devices=1, logger=False).strategy.__class__
+    with pytest.raises(TypeError, match=rf"unsupported option\(s\) {option}=1: they configure DDP's wrapper"):
+        cls(**{option: 1})
+    with pytest.raises(TypeError, match=r"unsupported option\(s\) taux=4: it accepts the algorithm's own options"):
+        cls(taux=4)
+
+
 @pytest.mark.parametrize("strategy", OURS)
 def test_fit_validate_test_predict(tmp_path, strategy):
     model = Regression(tmp_path)

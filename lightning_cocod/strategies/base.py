@@ -14,6 +14,7 @@ puts them on top of the DDPStrategy of ``pytorch_lightning`` and, when installed
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import multiprocessing
 import os
@@ -54,8 +55,14 @@ from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_
 
 log = logging.getLogger(__name__)
 
-# DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build.
+# DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build;
+# DDPStrategy passes any other keyword on to DistributedDataParallel, whose own are read from it.
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+
+
+def _ddp_options() -> set[str]:
+    wrapper = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    return {*_DDP_ONLY_OPTIONS, *(name for name in wrapper if name not in ("self", "module"))}
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
@@ -280,7 +287,7 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
             bad = ", ".join(f"{k}={v!r}" for k, v in unsupported.items())
             why = (
                 "they configure DDP's wrapper or comm hooks, which this strategy does not use"
-                if set(unsupported) & set(_DDP_ONLY_OPTIONS)
+                if set(unsupported) & _ddp_options()
                 else "it accepts the algorithm's own options plus process_group_backend, timeout, start_method"
             )
             raise TypeError(f"{name} got unsupported option(s) {bad}: {why}")
