@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EarlyStopping, EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
+from pytorch_lightning.callbacks import (
+    EarlyStopping,
+    EMAWeightAveraging,
+    ModelCheckpoint,
+    ModelPruning,
+    StochasticWeightAveraging,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -408,6 +414,13 @@ def test_a_changed_set_of_parameters_is_refused_naming_it(tmp_path, strategy, mo
         trainer(strategy, max_steps=10, limit_val_batches=0, use_distributed_sampler=False).fit(
             module(10, str(tmp_path))
         )
+
+
+def test_model_pruning_during_fit_is_refused_naming_the_pruned_parameter():
+    # Pruning renames `weight` to `weight_orig` and adds a `weight_mask` buffer: a new layout.
+    pruning = ModelPruning("l1_unstructured", amount=0.5)
+    with pytest.raises(Exception, match=r"the model's tensor 'net.weight' was removed at optimizer step 4"):
+        trainer("cocod_fork", max_epochs=2, limit_val_batches=0, callbacks=[pruning]).fit(Regression())
 
 
 # -- item: a checkpoint saved by the main process resumes ---------------------------------------
