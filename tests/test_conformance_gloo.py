@@ -238,6 +238,27 @@ def test_swa_ends_with_the_average_of_the_workers_swa_models(tmp_path, strategy)
     torch.testing.assert_close(torch.tensor(weights(model)), sum(per_rank) / WORLD, rtol=0, atol=1e-6)
 
 
+class Normalised(Regression):
+    def __init__(self, out_dir: Path | None = None) -> None:
+        super().__init__(out_dir)
+        self.net = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 1))
+
+    def on_fit_end(self) -> None:
+        state = {k: v.tolist() for k, v in self.state_dict().items() if v.is_floating_point()}
+        (self.out_dir / f"state{self.global_rank}.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("strategy", OURS)
+def test_swa_with_batchnorm_ends_with_identical_workers(tmp_path, strategy):
+    # SWA's last epoch recomputes BatchNorm statistics into freshly assigned buffers, with no
+    # optimizer step: only the strategy's final average, which must follow them, makes them agree.
+    swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
+    trainer(strategy, max_epochs=2, limit_val_batches=0, callbacks=[swa]).fit(Normalised(tmp_path))
+    states = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in range(WORLD)]
+    assert set(states[0]) >= {"net.0.running_mean", "net.0.running_var", "net.1.weight"}
+    assert states[0] == states[1]
+
+
 @pytest.mark.parametrize("strategy", OURS)
 def test_ema_ends_with_the_average_of_the_workers_ema_models(tmp_path, strategy):
     decay = 0.5

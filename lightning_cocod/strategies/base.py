@@ -58,12 +58,12 @@ log = logging.getLogger(__name__)
 # DDPStrategy options that configure the DDP wrapper or its comm hooks, which we never build;
 # DDPStrategy passes any other keyword on to DistributedDataParallel, whose own are read from it.
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
 def _ddp_options() -> set[str]:
     wrapper = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
     return {*_DDP_ONLY_OPTIONS, *(name for name in wrapper if name not in ("self", "module"))}
-_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
 def _no_per_step_sigterm_broadcast() -> None:
@@ -396,16 +396,18 @@ class SyncStrategyBase(StrategyCommon, NonFinitePolicy):
     def _follow_model(self) -> None:
         """Make the averaged tensors the module's current ones, before a round touches them.
 
-        ``param.data = ...``, a module replaced by one of the same shapes, or a pruning-style
-        swap rebinds storage that the captured tensors no longer alias: averaging those would
-        leave the model's real weights to each worker alone, silently. Same names, shapes and
-        dtypes are followed (the flat buffers hold copies, so they stay valid); anything else
-        would change the collective's layout under a round in flight, and is refused.
+        ``param.data = ...``, a module replaced by one of the same shapes, or a buffer reset by
+        assignment (SWA's BatchNorm reset) rebinds storage that the captured tensors no longer
+        alias: averaging those would leave the model's real weights to each worker alone,
+        silently. Same names, shapes and dtypes are followed (the flat buffers hold copies, so
+        they stay valid); anything else would change the collective's layout under a round in
+        flight, and is refused.
         """
         live = self._live_tensors()
         self._refuse_untracked_optimizer_tensors(live)
         if len(live) == len(self._tensors) and all(
             name == known and t.data_ptr() == k.data_ptr() and t.shape == k.shape and t.stride() == k.stride()
+            and t.dtype == k.dtype
             for (name, t), known, k in zip(live, self._names, self._tensors)
         ):
             return
