@@ -189,3 +189,17 @@ def test_a_layer_unfrozen_mid_fit_is_averaged_like_the_rest(tmp_path):
     assert trajectory[2][0][-2:] == trajectory[0][0][-2:]  # the bias really was frozen, then moved
     assert_matches(ranks, trajectory, final)
     assert ranks[0]["final"] == ranks[1]["final"]
+
+
+@pytest.mark.timeout(180)
+def test_a_long_fork_fit_returns_and_hands_its_round_figures_to_the_parent(tmp_path):
+    # tau=1: a round per step. 2000 rounds of figures pickle to about 100 KiB, more than the 64 KiB
+    # a pipe holds: what rank 0 could send back through Lightning's queue before the parent, which joins the
+    # workers before reading it, deadlocked with it.
+    steps = 2000
+    strategy = CoCoDStrategy(tau=1, start_method="fork")
+    ranks = fit(strategy, tmp_path, steps=steps)
+    assert all(len(r["trajectory"]) == steps for r in ranks)
+    # Here, in the parent: every round of rank 0, as the worker counted them.
+    assert len(strategy.comm_stats.rounds) == steps
+    assert [r.launch_step for r in strategy.comm_stats.rounds] == list(range(steps))

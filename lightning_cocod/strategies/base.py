@@ -18,7 +18,9 @@ import inspect
 import logging
 import multiprocessing
 import os
+import pickle
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -159,12 +161,27 @@ class StrategyCommon(ReliableStrategy):
 
     def _results_for_main_process(self, trainer: Any) -> dict[str, Any]:
         extra = type(self._launcher).get_extra_results(self._launcher, trainer)  # type: ignore[attr-defined]
-        extra[STATE_KEY] = self._worker_results()
+        # Through a file, as Lightning sends the weights: Lightning joins the workers before it
+        # reads its queue, so a message larger than a pipe holds (the per-round figures of a long
+        # fit) blocked rank 0 in put() and the parent in join() for ever. The queue carries the path.
+        fd, path = tempfile.mkstemp(prefix="cocod-worker-results-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(self._worker_results(), fh)
+        extra[STATE_KEY] = path
         return extra
 
     def _update_from_worker(self, trainer: Any, extra: dict[str, Any]) -> None:
         type(self._launcher).update_main_process_results(self._launcher, trainer, extra)  # type: ignore[attr-defined]
-        self._take_worker_results(extra.get(STATE_KEY, {}))
+        path = extra.get(STATE_KEY)
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as fh:
+                results = pickle.load(fh)  # written by our own rank 0 just now, in a file of our own
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._take_worker_results(results)
 
     def _take_worker_results(self, results: dict[str, Any]) -> None:
         for name, value in results.items():
