@@ -51,3 +51,23 @@ def test_single_node_run_listens_on_loopback_only(tmp_path):
     assert listeners[0], "rank 0 hosts the store: it must listen somewhere"
     for addresses in listeners:
         assert set(addresses) <= LOOPBACK, addresses
+
+
+def test_under_torchruns_agent_store_a_loopback_run_still_keeps_gloo_on_loopback(monkeypatch):
+    # Two torchrun agents on one machine (--master-addr=127.0.0.1): the agent hosts the store and
+    # torch's env:// set-up runs, but gloo must still not listen where the hostname resolves.
+    from datetime import timedelta
+
+    import torch
+
+    from lightning_cocod.strategies.rendezvous import init_default_group
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert not init_default_group("127.0.0.1", 29500, 1, 2, "gloo", timedelta(seconds=5), torch.device("cpu"))
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    # A multi-node run (a routable MASTER_ADDR) is left to choose its interface.
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert not init_default_group("192.0.2.7", 29500, 1, 2, "gloo", timedelta(seconds=5), torch.device("cpu"))
+    assert "GLOO_SOCKET_IFNAME" not in os.environ

@@ -96,8 +96,10 @@ def init_default_group(
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
     loopback = is_loopback(address)
-    if loopback and not uses_agent_store():
+    if loopback:
         # At every stage, not only the first: the groups a later stage creates read them too.
+        # Under torchrun's agent store as well: gloo otherwise listens on the interface the
+        # hostname resolves to, a network one on most machines, though every rank is on this one.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if dist.is_initialized():
