@@ -61,14 +61,29 @@ def condition_labels(runs: list[Record]) -> dict[str | None, str]:
     return labels
 
 
+def progress_of(run: Record) -> float | None:
+    """CoCoD's merge share (``CoCoDStrategy(progress=...)``); records from before the option
+    existed ran the paper's rule, 1."""
+    if run["method"] != "cocod":
+        return None
+    return run.get("progress", 1.0)
+
+
+def method_label(method: str, progress: float | None) -> str:
+    from lightning_cocod.core.averaging import DEFAULT_PROGRESS
+
+    variant = f" (progress {progress:g})" if progress is not None and progress != DEFAULT_PROGRESS else ""
+    return LABELS.get(method, method) + variant
+
+
 def summarise(runs: list[Record]) -> list[dict[str, Any]]:
-    """One row per (condition, method, tau) over seeds, S-SGD first within a condition."""
+    """One row per (condition, method and its variant, tau) over seeds, S-SGD first within a condition."""
     labels = condition_labels(runs)
     cells: dict[tuple, list[Record]] = defaultdict(list)
     for run in runs:
-        cells[(run.get("condition_id"), run["method"], run.get("tau"))].append(run)
+        cells[(run.get("condition_id"), run["method"], progress_of(run), run.get("tau"))].append(run)
     rows = []
-    for (cid, method, tau), members in cells.items():
+    for (cid, method, progress, tau), members in cells.items():
         speedups, late = [], 0
         for member in members:
             value, _ = speedup(member, runs)
@@ -81,6 +96,8 @@ def summarise(runs: list[Record]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "method": method,
+                "progress": progress,
+                "label": method_label(method, progress),
                 "tau": tau,
                 "workers": members[0]["workers"],
                 "link": members[0].get("link") or "–",
@@ -108,6 +125,7 @@ def summarise(runs: list[Record]) -> list[dict[str, Any]]:
             r["link"],
             r["condition"],
             METHOD_ORDER.get(r["method"], 9),
+            -(r["progress"] or 0),
             _tau_order(r),
         )
     )
@@ -135,7 +153,7 @@ def _row(r: dict[str, Any], with_condition: bool) -> str:
         to_target = f"not reached (0/{r['n']})"
     speed = _mean_spread(r["speedup"], r["speedup_std"], r["speedup_n"], ".3f", r["n"])
     cells = [
-        LABELS.get(r["method"], r["method"]),
+        r["label"],
         "–" if r["tau"] is None else str(r["tau"]),
         str(r["workers"]),
         str(r["link"]),
@@ -180,41 +198,85 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def _run_label(run: Record, labels: dict[str | None, str]) -> str:
-    tau = f" tau={run['tau']}" if run.get("tau") is not None else ""
-    extra = labels.get(run.get("condition_id"), "")
-    return (
-        f"{LABELS.get(run['method'], run['method'])}{tau} w={run['workers']} {run.get('link') or ''}"
-        f" seed={run['seed']}{f' ({extra})' if extra else ''}"
-    )
+def _mean_timeline(members: list[Record]) -> tuple[list[float], list[float]]:
+    """The seeds' timelines averaged point by point (the k-th validation of every seed), over the
+    points all of them reached."""
+    timelines = [r.get("timeline") or [] for r in members]
+    length = min(len(t) for t in timelines)
+    seconds = [statistics.fmean(t[k]["seconds"] for t in timelines) for k in range(length)]
+    accuracy = [100 * statistics.fmean(t[k]["accuracy"] for t in timelines) for k in range(length)]
+    return seconds, accuracy
 
 
 def plot_accuracy(runs: list[Record], path: Path) -> bool:
+    """Validation accuracy against wall time, one line per row of the table (mean over its seeds),
+    one panel per number of workers."""
     import matplotlib.pyplot as plt
 
     labels = condition_labels(runs)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn = False
-    for run in sorted(runs, key=lambda r: (METHOD_ORDER.get(r["method"], 9), str(r.get("tau")), r["seed"])):
-        points = run.get("timeline") or []
-        if points:
-            ax.plot(
-                [p["seconds"] for p in points],
-                [100 * p["accuracy"] for p in points],
-                marker=".",
-                label=_run_label(run, labels),
-            )
-            drawn = True
-    ax.set(
-        xlabel="wall time since the first step (s)", ylabel=ACCURACY, title="Test accuracy against wall time"
-    )
-    ax.grid(alpha=0.3)
-    if drawn:
+    cells: dict[tuple, list[Record]] = defaultdict(list)
+    for run in runs:
+        if run.get("timeline"):
+            cells[(run["workers"], run.get("condition_id"), run["method"], progress_of(run), run.get("tau"))].append(run)
+    if not cells:
+        return False
+    workers = sorted({key[0] for key in cells})
+    fig, axes = plt.subplots(1, len(workers), figsize=(6.5 * len(workers), 4.5), squeeze=False)
+    for ax, count in zip(axes[0], workers):
+        mine = [(k, v) for k, v in cells.items() if k[0] == count]
+        mine.sort(key=lambda kv: (METHOD_ORDER.get(kv[0][2], 9), -(kv[0][3] or 0), _tau_order({"tau": kv[0][4]})))
+        for (_, cid, method, progress, tau), members in mine:
+            extra = labels.get(cid, "")
+            label = f"{method_label(method, progress)}{f' tau={tau}' if tau is not None else ''}"
+            ax.plot(*_mean_timeline(members), marker=".", label=f"{label}{f' ({extra})' if extra else ''}")
+        ax.set(
+            xlabel="wall time since the first step (s)",
+            ylabel="validation accuracy (%)",
+            title=f"{count} workers: accuracy against wall time (mean over seeds)",
+        )
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return drawn
+    return True
+
+
+def plot_accuracy_vs_tau(rows: list[dict[str, Any]], path: Path) -> bool:
+    """Final test accuracy (mean ± std over seeds) against tau for the methods with a period, S-SGD
+    as a dashed line at each number of workers; not drawn with fewer than two values of tau."""
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple, list[tuple[float, float, float]]] = defaultdict(list)
+    for r in rows:
+        if isinstance(r["tau"], int) and r["acc_mean"] is not None:
+            lines[(r["label"], r["method"], r["workers"], r["link"], r["condition"])].append(
+                (r["tau"], r["acc_mean"], r["acc_std"])
+            )
+    taus = sorted({p[0] for points in lines.values() for p in points})
+    if len(taus) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for key, points in sorted(lines.items(), key=lambda kv: (kv[0][2], METHOD_ORDER.get(kv[0][1], 9), kv[0][0])):
+        points.sort()
+        label, _, workers, link, condition = key
+        ax.errorbar(
+            [p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
+            marker="o", capsize=3, label=" ".join(filter(None, [label, f"w={workers}", condition])),
+        )
+    for r in rows:
+        if r["method"] == "ssgd" and r["acc_mean"] is not None:
+            ax.axhline(r["acc_mean"], linestyle="--", linewidth=1, color="grey")
+            ax.annotate(f"S-SGD w={r['workers']}", (taus[-1], r["acc_mean"]), fontsize=7, ha="right", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(taus, [str(t) for t in taus])
+    ax.set(xlabel="tau (optimizer steps per round)", ylabel=ACCURACY, title="Final accuracy against tau")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def plot_speedup(rows: list[dict[str, Any]], x: str, path: Path, xlabel: str) -> bool:
@@ -226,16 +288,16 @@ def plot_speedup(rows: list[dict[str, Any]], x: str, path: Path, xlabel: str) ->
     others = [k for k in ("tau", "workers") if k != x]
     for r in rows:
         if r["speedup"] is not None and isinstance(r[x], (int, float)) and r["method"] != "ssgd":
-            key = (r["method"], *(r[k] for k in others), r["link"], r["condition"])
+            key = (r["label"], *(r[k] for k in others), r["link"], r["condition"])
             lines[key].append((r[x], r["speedup"], r["speedup_std"]))
     xs = sorted({p[0] for points in lines.values() for p in points})
     if len(xs) < 2:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, points in sorted(lines.items(), key=lambda kv: (METHOD_ORDER.get(kv[0][0], 9), str(kv[0][1:]))):
+    for key, points in sorted(lines.items(), key=lambda kv: str(kv[0])):
         points.sort()
         fixed = [f"{k}={v}" for k, v in zip(others, key[1:]) if v is not None]
-        label = " ".join([LABELS.get(key[0], key[0]), *fixed, f"link={key[-2]}", key[-1]]).strip()
+        label = " ".join([key[0], *fixed, f"link={key[-2]}", key[-1]]).strip()
         ax.errorbar(
             [p[0] for p in points],
             [p[1] for p in points],
@@ -262,6 +324,8 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
     stem = group.replace("/", "_")
     if plot_accuracy(runs, out / f"{stem}_accuracy_vs_time.png"):
         plots.append(f"{stem}_accuracy_vs_time.png")
+    if plot_accuracy_vs_tau(rows, out / f"{stem}_accuracy_vs_tau.png"):
+        plots.append(f"{stem}_accuracy_vs_tau.png")
     for x, label in (("tau", "tau (optimizer steps per round)"), ("workers", "workers")):
         if plot_speedup(rows, x, out / f"{stem}_speedup_vs_{x}.png", label):
             plots.append(f"{stem}_speedup_vs_{x}.png")

@@ -47,7 +47,28 @@ def test_cocod_round_hand_computed():
     assert xs[1][0].tolist() == [2.0, 5.0]
 
 
-def _simulate(world, rounds, tau, lr=0.1, seed=0, weights=None):
+def test_cocod_round_keeping_part_of_the_progress_hand_computed():
+    cluster = FakeCluster(2)
+    xs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]]
+    rounds = [CoCoDRound(x, comm, progress=0.5) for x, comm in zip(xs, cluster.comms)]
+    for r in rounds:
+        r.begin()
+    xs[0][0] += torch.tensor([1.0, 0.0])
+    xs[1][0] += torch.tensor([0.0, 2.0])
+    for r in rounds:
+        r.finish()
+    # avg of snapshots = [2, 3]; each adds half of its own progress
+    assert xs[0][0].tolist() == [2.5, 3.0]
+    assert xs[1][0].tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("progress", [0, -0.5, 1.5, True, "half"])
+def test_progress_outside_zero_one_is_refused(progress):
+    with pytest.raises(ValueError, match="progress=.* is invalid; accepted: a number in \\(0, 1\\]"):
+        CoCoDRound([torch.zeros(2)], FakeCluster(1).comms[0], progress=progress)
+
+
+def _simulate(world, rounds, tau, lr=0.1, seed=0, weights=None, progress=1.0):
     """Workers with a linear model and their own SGD-momentum, rounds through the core."""
     torch.manual_seed(seed)
     base = torch.nn.Linear(4, 2).double()
@@ -55,7 +76,10 @@ def _simulate(world, rounds, tau, lr=0.1, seed=0, weights=None):
     opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in models]
     cluster = FakeCluster(world)
     tensors = [[p.detach() for p in m.parameters()] for m in models]
-    cocod = [CoCoDRound(t, c, None if weights is None else weights[i]) for i, (t, c) in enumerate(zip(tensors, cluster.comms))]
+    cocod = [
+        CoCoDRound(t, c, None if weights is None else weights[i], progress=progress)
+        for i, (t, c) in enumerate(zip(tensors, cluster.comms))
+    ]
     history = []
     for _ in range(rounds):
         for r in cocod:
@@ -85,6 +109,22 @@ def test_merge_preserves_mean_and_differences(world):
             for i in range(world):
                 for j in range(world):
                     torch.testing.assert_close(after[i][k] - after[j][k], deltas[i] - deltas[j], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("weights", [None, [0.7, 0.3]])
+def test_partial_progress_shrinks_differences_and_moves_the_mean_by_that_share(weights):
+    # x_i <- avg + lambda D_i: differences become lambda (D_i - D_j), the (weighted) mean moves
+    # from the snapshots' by lambda times the (weighted) mean progress.
+    lam, world = 0.4, 2
+    p = weights or [1 / world] * world
+    for snaps, before, after in _simulate(world, rounds=3, tau=2, weights=weights, progress=lam):
+        for k in range(len(before[0])):
+            deltas = [before[i][k] - snaps[i][k] for i in range(world)]
+            torch.testing.assert_close(after[0][k] - after[1][k], lam * (deltas[0] - deltas[1]), rtol=0, atol=1e-12)
+            mean_snap = sum(pi * s[k] for pi, s in zip(p, snaps))
+            mean_delta = sum(pi * d for pi, d in zip(p, deltas))
+            mean_after = sum(pi * a[k] for pi, a in zip(p, after))
+            torch.testing.assert_close(mean_after, mean_snap + lam * mean_delta, rtol=0, atol=1e-12)
 
 
 def test_weighted_merge_preserves_weighted_mean():

@@ -41,6 +41,7 @@ def run(
         "group": "g",
         "method": method,
         "tau": tau,
+        "progress": 1.0 if method == "cocod" else None,  # CoCoDStrategy's default merge
         "workers": workers,
         "seed": seed,
         "condition_id": cond,
@@ -240,8 +241,38 @@ def test_plots_have_an_axis_only_with_two_values_and_name_accuracy_like_the_tabl
     assert not report.plot_speedup(one_tau, "tau", tmp_path / "tau1.png", "tau")
     assert not (tmp_path / "tau1.png").exists()
     assert report.plot_accuracy(RUNS, tmp_path / "acc.png")
+    # The timeline is what each epoch's validation measured; the table's figure is the test split's.
+    assert figures[-1].axes[0].get_ylabel() == "validation accuracy (%)"
+    assert report.plot_accuracy_vs_tau(rows, tmp_path / "acc_tau.png")
     assert figures[-1].axes[0].get_ylabel() == report.ACCURACY == "test acc (%)"
     assert "test acc (%)" in report.markdown("g", RUNS, rows, [], [])
+    assert not report.plot_accuracy_vs_tau(one_tau, tmp_path / "acc_tau1.png")
+
+
+def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypatch):
+    # Keeping half of the progress (progress 0.5) and the paper's merge (1, the default) at the
+    # same tau are different methods to compare; a record written before the option existed ran
+    # the paper's merge.
+    half = run("cocod", 0, 0.8, 0.88, tau=4, finished=10, progress=0.5)
+    legacy = {k: v for k, v in run("cocod", 1, 0.8, 0.89, tau=4, finished=11).items() if k != "progress"}
+    runs = [SSGD_A0, COCOD_A0, COCOD_A0_TAU8, half, legacy]
+    rows = {(r["label"], r["tau"]): r for r in report.summarise(runs)}
+    assert rows[("CoCoD-SGD (progress 0.5)", 4)]["acc_mean"] == pytest.approx(88.0)
+    paper = rows[("CoCoD-SGD", 4)]
+    assert paper["n"] == 2 and paper["acc_mean"] == pytest.approx(91.0) and paper["seeds"] == [0, 1]
+    figures = _captured_figures(monkeypatch)
+    assert report.plot_accuracy(runs, tmp_path / "acc.png")
+    legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+    assert legend == ["S-SGD", "CoCoD-SGD tau=4", "CoCoD-SGD tau=8", "CoCoD-SGD (progress 0.5) tau=4"]
+    # A line is the mean of its seeds' timelines: seeds 0 and 1 of the paper's merge, 93% and 89%.
+    paper_line = figures[-1].axes[0].get_lines()[1]
+    assert list(paper_line.get_ydata()) == pytest.approx([45.5, 91.0])
+    assert report.plot_accuracy_vs_tau(report.summarise(runs), tmp_path / "acc_tau.png")
+    ax = figures[-1].axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["CoCoD-SGD w=2", "CoCoD-SGD (progress 0.5) w=2"]
+    points = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "o"]
+    assert points == [([4, 8], [pytest.approx(91.0), pytest.approx(92.0)]), ([4], [pytest.approx(88.0)])]
 
 
 def test_wandb_folders_csv_logs_and_run_records_are_read_and_merged(tmp_path):

@@ -40,9 +40,11 @@ def assert_matches(ranks, trajectory, final):
         torch.testing.assert_close(torch.tensor(record["final"]), torch.tensor(final[r]), rtol=0, atol=1e-6)
 
 
-def test_cocod_matches_reference_and_ends_identical(tmp_path):
-    ranks = fit(CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path)
-    trajectory, final = toy.reference_cocod(WORLD, STEPS, TAU)
+@pytest.mark.parametrize("progress", [None, 0.5], ids=["paper-merge", "half-progress"])
+def test_cocod_matches_reference_and_ends_identical(tmp_path, progress):
+    options = {} if progress is None else {"progress": progress}
+    ranks = fit(CoCoDStrategy(tau=TAU, start_method="fork", **options), tmp_path)
+    trajectory, final = toy.reference_cocod(WORLD, STEPS, TAU, **options)
     # the ranks really diverge within a round (otherwise the test proves little)
     assert max(abs(a - b) for a, b in zip(trajectory[5][0], trajectory[5][1])) > 1e-3
     assert_matches(ranks, trajectory, final)

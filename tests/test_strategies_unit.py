@@ -19,6 +19,12 @@ def test_tau_must_be_a_positive_integer(cls, bad):
         cls(tau=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, True, "0.5", None])
+def test_cocod_progress_must_be_in_zero_one(bad):
+    with pytest.raises(ValueError, match=rf"CoCoDStrategy: progress={bad!r} is invalid; accepted: a number in \(0, 1\]"):
+        CoCoDStrategy(progress=bad)
+
+
 @pytest.mark.parametrize("cls", [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy])
 def test_unsupported_options_are_named(cls):
     with pytest.raises(TypeError, match=r"model_averaging_period=4.*DDP's wrapper"):
@@ -48,7 +54,7 @@ def test_registered_names_resolve_to_fresh_instances():
     a = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     b = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     assert a is not b and a.tau == 4 and a.average_buffers is True
-    assert repr(a) == "CoCoDStrategy(tau=4, average_buffers=True, start_method='popen')"
+    assert repr(a) == "CoCoDStrategy(tau=4, progress=1.0, average_buffers=True, start_method='popen')"
     assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
 
 

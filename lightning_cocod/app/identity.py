@@ -47,8 +47,12 @@ def world_size(cfg: DictConfig) -> int:
     return int(cfg.launcher.devices) * int(cfg.launcher.num_nodes)
 
 
-def run_name(method: str, tau: Any, workers: int, seed: int) -> str:
-    return f"{method}{f'-tau{tau}' if tau is not None else ''}-w{workers}-s{seed}"
+def run_name(method: str, tau: Any, workers: int, seed: int, progress: float | None = None) -> str:
+    """``cocod-tau4-w2-s0``; a CoCoD merge other than the default adds ``-progress1``."""
+    from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
+
+    variant = f"-progress{progress:g}" if progress is not None and progress != DEFAULT_PROGRESS else ""
+    return f"{method}{f'-tau{tau}' if tau is not None else ''}{variant}-w{workers}-s{seed}"
 
 
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
@@ -57,6 +61,7 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
     out_root = Path(cfg.out_root).resolve()
     method = method_of(cfg.strategy)
     tau = cfg.strategy.get("tau") if method in PERIODIC else None
+    progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
     workers = world_size(cfg)
     commit, dirty = git_commit()
     try:
@@ -65,12 +70,13 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         run = str(job_dir)
     return {
         "id": run,
-        "name": run_name(method, tau, workers, cfg.seed),
+        "name": run_name(method, tau, workers, cfg.seed, progress),
         "group": cfg.group,
         "experiment": cfg.name,
         "run_id": run_id,
         "method": method,
         "tau": tau,
+        "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
         "workers": workers,
         "seed": cfg.seed,
         "model": str(cfg.model.net._target_).rpartition(".")[2] if "net" in cfg.model else None,

@@ -144,9 +144,10 @@ class _Workers:
 
 
 def reference_cocod(
-    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None
+    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None, progress: float = 1.0
 ) -> tuple[list[list[list[float]]], list[list[float]]]:
-    """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule.
+    """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule
+    ``x_i <- avg + progress (x_i - snap_i)`` (1: the paper's rule, CoCoDStrategy's default).
 
     ``unfreeze_bias_at``: the bias starts frozen and out of the optimizer, and joins it (a new
     param group) before that step, as fine-tuning callbacks do; the rounds cover every parameter.
@@ -160,7 +161,7 @@ def reference_cocod(
             avg = sum(snaps[r][k] for r in range(world)) / world
             for r in range(world):
                 p = w.params(r)[k]
-                p.copy_(avg + (p - snaps[r][k]))
+                p.copy_(avg + progress * (p - snaps[r][k]))
 
     for step in range(steps):
         if step == unfreeze_bias_at:
