@@ -2,13 +2,16 @@
 
     cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
     cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
+    cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 2
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
     cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
     cocod-bench --topology pernode --workers 2,4,8 --model small_cnn --rates 10mbit,50mbit
                                                   # a link per worker: speedup against workers
 
 A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
-(proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``.
+(proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``. ``cocod:auto`` is
+``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 2: longer periods cost
+accuracy); ``--tau-max N`` gives every ``cocod:auto`` method ``tau_max=N`` and its label says so.
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,
 batch and number of steps. The bound is the same steps on single-process Trainers, one per
@@ -45,6 +48,7 @@ from lightning_cocod.compare import (
     save_plot,
     steady_step_seconds,
 )
+from lightning_cocod.core.adapt import SAFE_TAU_MAX
 from lightning_cocod.launch import (
     TOPOLOGIES,
     LatencyUnsupported,
@@ -80,6 +84,8 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
 
 def method_label(spec: dict[str, Any]) -> str:
     text = label(spec["method"], spec["tau"] if spec["method"] in PERIODIC else None)
+    # A raised bound changes what tau="auto" may choose, so its runs are not the default's.
+    text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
     return text + (" +PS" if spec["proportional"] else "")
 
 
@@ -105,6 +111,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency", default=None, help="one-way delay added to every link, e.g. 50us (needs netem)")
     parser.add_argument("--width", type=int, default=None, help="small_cnn width (default 48)")
     parser.add_argument("--tau", type=int, default=4)
+    parser.add_argument(
+        "--tau-max", type=int, default=None,
+        help=f"longest period of every cocod:auto method (default: the strategy's, {SAFE_TAU_MAX})",
+    )
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
@@ -155,6 +165,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, low in (("tau", 1), ("batch_size", 1), ("warmup", 1), ("repeats", 1), ("bound_every", 1)):
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    if args.tau_max is not None:
+        auto = [m for m in args.method_specs if m["tau"] == "auto"]
+        if args.tau_max < 1:
+            parser.error(f"--tau-max must be at least 1 (cocod:auto's longest period), got {args.tau_max}")
+        if not auto:
+            parser.error(
+                f"--tau-max bounds cocod:auto only, and --methods {args.methods!r} has none: add cocod:auto"
+            )
+        for method in auto:
+            method["tau_max"] = args.tau_max
     if args.steps < args.warmup + 2 * args.tau:
         parser.error(f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}")
     return args
@@ -301,6 +321,8 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
             result = run({**spec, **method}, rate, method["method"] in PERIODIC)
             # What the run was, for the performance model (plan.validate) to predict it.
             result.update(method=method["method"], tau=method["tau"] if method["method"] in PERIODIC else None)
+            if method["tau"] == "auto":
+                result["tau_max"] = method.get("tau_max", SAFE_TAU_MAX)
             if result["taus"] is None and isinstance(result["tau"], int):
                 result["taus"] = [result["tau"]]  # a fixed period (only CoCoD keeps a history)
             figures["methods"].setdefault(method_label(method), {})[str(bps)] = result
@@ -434,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batch {args.batch_size}/worker, {args.steps} steps (first {args.warmup} discarded), tau={args.tau}, "
         f"rates {', '.join(args.rate_list)} over {links}"
         + (f", slowdown {args.slowdown_factors}" if args.slowdown_factors else "")
+        + (f", tau=auto within tau_max {args.tau_max}" if args.tau_max is not None else "")
         + (f", {args.repeats} passes (medians; ranges in brackets)" if args.repeats > 1 else "")
     )
     try:

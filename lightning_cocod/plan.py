@@ -3,6 +3,7 @@
     cocod-plan --workers 64 --bandwidth 10gbit --latency 50us --model resnet18 --step-ms 60
     cocod-plan --workers 16,32,64,128,256 --bandwidth 1gbit --model vgg16 --step-ms 45 --jitter 0.05
     cocod-plan --validate runs/bench-.../bench.json   # predicted against measured, every run
+    cocod-plan --workers 64 --bandwidth 1gbit --step-ms 60 --tau-max 64   # tau="auto" bounded by 64
 
 The model, per optimizer step (t_c: compute time per step; S: model bytes; N workers):
 
@@ -18,7 +19,9 @@ The model, per optimizer step (t_c: compute time per step; S: model bytes; N wor
 * CoCoD-SGD tau: (t_round + max(tau t_c, T(S) + t_0)) / tau: the round-start model travels
   while tau steps compute; t_round is the round's own work (snapshot, checks, merge).
 * tau="auto": the period the strategy's own rule picks (``core.adapt.AdaptivePeriod``: smallest
-  tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures.
+  tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures, at most
+  the strategy's tau_max: ``SAFE_TAU_MAX`` (2) by default, ``--tau-max`` to raise it. The
+  recommendation gives the period that hides communication whatever the bound.
 * ``--jitter c``: each worker's step time i.i.d. with coefficient of variation c. A barrier
   every step (S-SGD, Pipe-SGD) waits for the slowest of N: t_c (1 + c e_N), e_N the expected
   maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD)
@@ -43,7 +46,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.core.adapt import AdaptivePeriod
+from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
 from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency, parse_rate
 
@@ -67,6 +70,9 @@ ROUND_BYTES_PER_SECOND = {"cpu": 1.5e9, "gpu": 50e9}
 # TCP/IP over Ethernet: 1448 bytes of payload in a 1514-byte frame (what tbf counts).
 EFFICIENCY = 1448 / 1514
 METHODS = ("ssgd", "pipe_sgd", "local_sgd", "cocod")
+# The rule's own ceiling, without the accuracy study's cap: where the recommendation looks for the
+# period that hides communication.
+RULE_TAU_MAX = AdaptivePeriod().tau_max
 NAMES = {"bound": "compute only", "ssgd": "S-SGD", "pipe_sgd": "Pipe-SGD", "local_sgd": "Local-SGD", "cocod": "CoCoD-SGD"}
 
 
@@ -140,18 +146,22 @@ def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
     raise ValueError(f"method {method!r} is not one of bound, {', '.join(METHODS)}")
 
 
-def auto_period(s: Setting, tau_min: int = 1, tau_max: int = 64) -> int:
-    """The period CoCoDStrategy(tau="auto") settles on when it measures these figures."""
+def auto_period(s: Setting, tau_min: int = 1, tau_max: int = SAFE_TAU_MAX) -> int:
+    """The period CoCoDStrategy(tau="auto", tau_min=tau_min, tau_max=tau_max) settles on when it
+    measures these figures (the defaults are the strategy's)."""
     rule = AdaptivePeriod(tau_min, tau_max)
     for _ in range(rule.patience + 1):  # a shorter period is taken after `patience` rounds ask for it
         tau = rule.update(allreduce_seconds(s) + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds)
     return tau
 
 
-def predict(s: Setting, method: str, tau: int | str = 4) -> tuple[float, int | None]:
-    """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule."""
+def predict(
+    s: Setting, method: str, tau: int | str = 4, tau_max: int = SAFE_TAU_MAX
+) -> tuple[float, int | None]:
+    """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule, at
+    most ``tau_max``."""
     if method in ("local_sgd", "cocod"):
-        period = auto_period(s) if tau == "auto" else int(tau)
+        period = auto_period(s, tau_max=tau_max) if tau == "auto" else int(tau)
         return step_seconds(s, method, period), period
     return step_seconds(s, method), None
 
@@ -168,23 +178,32 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
-def plan_table(s: Setting, tau: int) -> tuple[str, str]:
-    """The table of every method at one setting, and the recommendation."""
+def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, str]:
+    """The table of every method at one setting (tau="auto" within ``tau_max``), and the
+    recommendation: the period that hides communication, and what tau="auto" does about it."""
     ssgd = step_seconds(s, "ssgd")
     entries = [("bound", None), ("ssgd", None), ("pipe_sgd", None), ("local_sgd", tau), ("cocod", tau), ("cocod", "auto")]
     rows = []
     for method, period in entries:
-        seconds, used = predict(s, method, period if period is not None else 1)
-        name = NAMES[method] + (f" tau={period}" + (f" ({used})" if period == "auto" else "") if period else "")
+        seconds, used = predict(s, method, period if period is not None else 1, tau_max)
+        bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
+        name = NAMES[method] + (f" tau={period}{bounded}" if period else "")
         rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
     table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
-    best = auto_period(s)
+    best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
     seconds = step_seconds(s, "cocod", best)
+    if best <= tau_max:
+        auto = f"tau=\"auto\" with tau_max {tau_max} settles there"
+    else:
+        auto = f"tau=\"auto\" stays at or below {tau_max} unless strategy.tau_max is raised to {best}"
+    if best > SAFE_TAU_MAX:
+        auto += f"; the README's accuracy section shows what periods above {SAFE_TAU_MAX} cost in accuracy"
     advice = (
-        f"recommended: CoCoD-SGD tau={best} (tau=\"auto\" settles there): {ssgd / seconds:.2f}x faster than "
-        f"S-SGD, {seconds / s.step_seconds:.2f}x of compute only; the all-reduce takes "
-        f"{1e3 * allreduce_seconds(s):.1f} ms, {allreduce_seconds(s) / s.step_seconds:.2f} steps of compute. "
-        "The smallest period that hides it: a longer one saves little time and averages the models less often"
+        f"recommended: CoCoD-SGD tau={best} (the smallest period that hides the all-reduce): "
+        f"{ssgd / seconds:.2f}x faster than S-SGD, {seconds / s.step_seconds:.2f}x of compute only; "
+        f"the all-reduce takes {1e3 * allreduce_seconds(s):.1f} ms, "
+        f"{allreduce_seconds(s) / s.step_seconds:.2f} steps of compute. "
+        f"A longer period saves little time and averages the models less often. {auto}"
     )
     return table, advice
 
@@ -199,6 +218,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
     parser.add_argument("--step-ms", type=float, default=None, help="compute time of one step, ms (required)")
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and fixed-period CoCoD-SGD")
+    parser.add_argument(
+        "--tau-max", type=int, default=None,
+        help=f"longest period of tau=\"auto\" (default: the strategy's, {SAFE_TAU_MAX}); with --validate, "
+        "for runs whose bench.json does not record theirs (cocod-bench before --tau-max ran with 64)",
+    )
     parser.add_argument("--jitter", type=float, default=0.0, help="coefficient of variation of a step's time")
     parser.add_argument("--overlap", type=float, default=None, help="share of a step S-SGD overlaps (default: preset)")
     parser.add_argument("--round-ms", type=float, default=None, help="a CoCoD round's own work, ms (default: --device)")
@@ -208,6 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--efficiency", type=float, default=EFFICIENCY, help="payload share of the link rate")
     parser.add_argument("--topology", default="pernode", choices=TOPOLOGIES)
     args = parser.parse_args(argv)
+    if args.tau_max is not None and args.tau_max < 1:
+        parser.error(f"--tau-max must be at least 1 (the longest period of tau=\"auto\"), got {args.tau_max}")
     if args.validate:
         return args
     try:
@@ -240,12 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         try:
             figures = json.loads(Path(args.validate).read_text())
-            rows = validate(figures)
+            rows = validate(figures, args.tau_max)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise SystemExit(f"cocod-plan: cannot validate against {args.validate}: {type(err).__name__}: {err}") from None
         print(validation_table(rows))
         return 0
     model_bytes = args.model_bytes or MODEL_BYTES[args.model]
+    tau_max = SAFE_TAU_MAX if args.tau_max is None else args.tau_max
     overlap = args.overlap if args.overlap is not None else (0.0 if args.model_bytes else OVERLAP[args.model])
     round_seconds = (
         args.round_ms / 1e3 if args.round_ms is not None else model_bytes / ROUND_BYTES_PER_SECOND[args.device]
@@ -255,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.step_ms:g} ms of compute per step, {format_rate(args.bandwidth_bps)} per node "
         f"({args.topology}), {format_latency(args.latency_seconds or None)} latency, jitter {args.jitter:g}, "
         f"S-SGD overlap {overlap:g} of a step, round's own work {1e3 * round_seconds:.2f} ms, "
-        f"link efficiency {args.efficiency:.3f}"
+        f"link efficiency {args.efficiency:.3f}, tau=\"auto\" within tau_max {tau_max}"
     )
     for workers in args.worker_counts:
         s = Setting(
@@ -263,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             bandwidth_bps=args.bandwidth_bps, latency_seconds=args.latency_seconds, round_seconds=round_seconds,
             overlap=overlap, jitter=args.jitter, efficiency=args.efficiency, topology=args.topology,
         )
-        table, advice = plan_table(s, args.tau)
+        table, advice = plan_table(s, args.tau, tau_max)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")
     return 0
 
@@ -304,10 +331,25 @@ def _setting(figures: dict[str, Any], workers: int, bps: int, latency: float, ef
     )
 
 
-def validate(figures: dict[str, Any]) -> list[dict[str, Any]]:
+def run_tau_max(name: str, f: dict[str, Any], given: int | None) -> int:
+    """The tau_max a tau="auto" run ran with: the one cocod-bench recorded, else ``given``, else
+    the strategy's default. Runs from before cocod-bench recorded it had the old default: give 64."""
+    recorded = f.get("tau_max")
+    if recorded is None:
+        return SAFE_TAU_MAX if given is None else given
+    recorded = int(recorded)  # combine() takes the median over passes, which may be a float
+    if given is not None and given != recorded:
+        raise ValueError(
+            f"run {name!r} recorded tau_max {recorded}, --tau-max {given} contradicts it: leave --tau-max out"
+        )
+    return recorded
+
+
+def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[str, Any]]:
     """The model's step time for every method, rate and worker count a cocod-bench run measured:
     from the median of the worker count's bound runs, and from the fastest and the slowest of
-    them (how far the machine's own drift alone moves the prediction)."""
+    them (how far the machine's own drift alone moves the prediction). tau="auto" is bounded
+    as the run was (``run_tau_max``; ``tau_max`` for runs that did not record it)."""
     latency, efficiency, how = calibrate(figures)
     rows = []
     for workers, by_workers in sorted(figures["workers"].items(), key=lambda kv: int(kv[0])):
@@ -318,8 +360,12 @@ def validate(figures: dict[str, Any]) -> list[dict[str, Any]]:
             for name, by_rate in by_workers["methods"].items():
                 f = by_rate[str(bps)]
                 tau = f.get("tau") or 1
-                predicted, period = predict(s, f["method"], tau)
-                low, high = (predict(replace(s, step_seconds=t), f["method"], tau)[0] for t in (min(spread), max(spread)))
+                bounded = {"tau_max": run_tau_max(name, f, tau_max)} if tau == "auto" else {}
+                predicted, period = predict(s, f["method"], tau, **bounded)
+                low, high = (
+                    predict(replace(s, step_seconds=t), f["method"], tau, **bounded)[0]
+                    for t in (min(spread), max(spread))
+                )
                 rows.append({
                     "workers": int(workers), "rate_bps": bps, "method": name, "measured": f["step_seconds"],
                     "predicted": predicted, "predicted_range": [low, high], "error": predicted / f["step_seconds"] - 1,

@@ -36,8 +36,12 @@ METHODS = ("bound", "ssgd", "local_sgd", "pipe_sgd", "cocod")
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
-def make_strategy(method: str, tau: int | str, backend: str | None = None) -> Any:
-    """``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU)."""
+def make_strategy(method: str, tau: int | str, backend: str | None = None, tau_max: int | None = None) -> Any:
+    """``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
+    keeps CoCoDStrategy's default bound of tau="auto" (``SAFE_TAU_MAX``); CoCoDStrategy itself
+    refuses one with a fixed tau, the other strategies would drop it silently."""
+    if tau_max is not None and method != "cocod":
+        raise ValueError(f"tau_max={tau_max!r} bounds cocod's tau='auto' only; {method!r} takes none")
     options = {"process_group_backend": backend} if backend else {}
     if method == "bound":
         return "auto"
@@ -48,7 +52,7 @@ def make_strategy(method: str, tau: int | str, backend: str | None = None) -> An
     if method == "pipe_sgd":
         return PipeSGDStrategy(**options)
     if method == "cocod":
-        return CoCoDStrategy(tau=tau, **options)
+        return CoCoDStrategy(tau=tau, tau_max=tau_max, **options)
     raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
 
 
@@ -179,7 +183,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     backend = where["record"]["backend"] if accelerator == "gpu" else None
     trainer = pl.Trainer(
         **where["trainer"],
-        strategy=make_strategy(method, spec.get("tau", 4), backend),
+        strategy=make_strategy(method, spec.get("tau", 4), backend, spec.get("tau_max")),
         precision=spec.get("precision", "32-true"),
         max_steps=spec.get("steps") or -1,
         max_epochs=spec.get("epochs"),

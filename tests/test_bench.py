@@ -185,3 +185,78 @@ def test_unshaped_runs_have_no_rate_plot_and_gpu_runs_default_to_unshaped(tmp_pa
     assert bench.parse_args([]).rate_list == ["300mbit"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--one-device"])
+
+
+# --- the bound of tau="auto" ----------------------------------------------------------------------
+
+
+def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tmp_path):
+    from lightning_cocod import bench
+
+    args = bench.parse_args(["--methods", "ssgd,cocod:auto,cocod:8,cocod:auto:ps", "--tau-max", "64"])
+    ssgd, auto, fixed, auto_ps = args.method_specs
+    assert auto["tau_max"] == 64 and auto_ps["tau_max"] == 64
+    assert "tau_max" not in ssgd and "tau_max" not in fixed
+    assert bench.method_label(auto) == "CoCoD-SGD tau=auto (tau_max 64)"
+    assert bench.method_label(auto_ps) == "CoCoD-SGD tau=auto (tau_max 64) +PS"
+    assert bench.method_label(fixed) == "CoCoD-SGD tau=8"
+    # Without the option the strategy keeps its own default, and the label is the old one.
+    default = bench.parse_args(["--methods", "cocod:auto"]).method_specs[0]
+    assert "tau_max" not in default and bench.method_label(default) == "CoCoD-SGD tau=auto"
+
+    sent = []
+
+    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
+        sent.append(spec)
+        if spec["method"] == "bound":
+            return [rank_result([1.0] * 12)] * workers
+        result = rank_result([1.0] * 12, rounds=[(k, k + 2, 0.5, 0.0) for k in range(0, 12, 2)])
+        result["tau_history"] = [[0, 2]]
+        return [result] * workers
+
+    monkeypatch.setattr(bench, "run_method", fake_run_method)
+    for argv, bound, name in (
+        (["--tau-max", "64"], 64, "CoCoD-SGD tau=auto (tau_max 64)"),
+        ([], 2, "CoCoD-SGD tau=auto"),  # the strategy's default, SAFE_TAU_MAX
+    ):
+        sent.clear()
+        args = bench.parse_args([
+            "--methods", "cocod:auto", "--steps", "12", "--warmup", "4", "--rates", "300mbit", "--no-overhead", *argv,
+        ])
+        figures = bench.measure(args, {"tau": 4}, tmp_path)
+        runs = [spec for spec in sent if spec["method"] == "cocod"]
+        assert len(runs) == 1 and runs[0]["tau"] == "auto"
+        assert runs[0].get("tau_max") == (64 if argv else None)
+        # What plan.validate predicts the run with.
+        assert figures["methods"][name][str(300_000_000)]["tau_max"] == bound
+
+
+def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
+    from lightning_cocod.worker import make_strategy
+
+    # A link that needs 24 steps to hide (2 s against 0.1 s steps, with the rule's 1.2 margin).
+    raised = make_strategy("cocod", "auto", tau_max=64)
+    assert raised._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
+    default = make_strategy("cocod", "auto")
+    assert default._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 2
+    with pytest.raises(ValueError, match="tau_max=64 bounds cocod's tau='auto' only; 'local_sgd' takes none"):
+        make_strategy("local_sgd", 4, tau_max=64)
+    with pytest.raises(ValueError, match="tau_min/tau_max bound tau='auto' only"):
+        make_strategy("cocod", 4, tau_max=64)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--methods", "cocod:auto", "--tau-max", "0"], "--tau-max must be at least 1 (cocod:auto's longest period)"),
+        (["--methods", "ssgd,cocod", "--tau-max", "64"], "--tau-max bounds cocod:auto only, and --methods 'ssgd,cocod'"),
+        (["--methods", "cocod:auto", "--tau-max", "two"], "argument --tau-max: invalid int value: 'two'"),
+    ],
+)
+def test_a_bad_tau_max_is_a_one_line_error(argv, message, capsys):
+    from lightning_cocod import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]

@@ -72,10 +72,21 @@ def test_step_time_of_every_method_by_hand():
 @pytest.mark.timeout(10)
 def test_auto_period_is_the_strategys_rule():
     # Hide: tau * 0.1 >= 1.2 * 0.6012 -> tau >= 7.21 -> 8; amortise: 0.001 <= 0.01 * tau * 0.1 -> 1.
-    assert auto_period(HAND) == 8
+    assert auto_period(HAND, tau_max=64) == 8
     # 10 GB/s: T = 6 x 0.2 ms, hiding needs 1 step, but 5 ms of own work needs 5 steps to be 1%.
-    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 5
-    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx((0.001 + 0.8) / 8), 8)
+    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005), tau_max=64) == 5
+    assert plan.predict(HAND, "cocod", "auto", tau_max=64) == (pytest.approx((0.001 + 0.8) / 8), 8)
+
+
+@pytest.mark.timeout(10)
+def test_auto_keeps_to_the_strategys_default_bound_of_two():
+    # The rule asks for 8 (above) and 5; CoCoDStrategy(tau="auto") stops at 2, where 2 steps of
+    # 0.1 s hide only a third of the 0.6012 s all-reduce: (0.001 + 0.6012) / 2 per step.
+    assert auto_period(HAND) == 2
+    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 2
+    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx(0.6022 / 2), 2)
+    # Below the bound the rule's own answer stands: 10 GB/s, no own work -> tau 1.
+    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.0)) == 1
 
 
 @pytest.mark.timeout(10)
@@ -131,11 +142,28 @@ def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
     assert rows["S-SGD"]["predicted"] == pytest.approx(0.1 + t_ar + 0.0006)
     assert rows["S-SGD"]["error"] == pytest.approx((0.1 + t_ar + 0.0006) / 0.9 - 1)
     assert rows["Local-SGD tau=4"]["predicted"] == pytest.approx(0.1 + (0.0006 + t_ar + round_seconds) / 4)
-    # tau="auto": hide 1.2 x 0.7462 / 0.1 -> 9; amortise 2.7 ms / 1 ms -> 3.
+    # tau="auto" of a run that recorded no bound (cocod-bench before --tau-max): the strategy's
+    # default, 2, where 2 steps of 0.1 s leave the 0.7462 s all-reduce exposed.
+    auto = rows["CoCoD-SGD tau=auto"]
+    assert auto["period"] == 2 and auto["predicted"] == pytest.approx((round_seconds + 0.7462) / 2)
+    # Such runs had the old default, 64: hide 1.2 x 0.7462 / 0.1 -> 9; amortise 2.7 ms / 1 ms -> 3.
+    rows = {r["method"]: r for r in plan.validate(figures, tau_max=64)}
     auto = rows["CoCoD-SGD tau=auto"]
     assert auto["period"] == 9 and auto["predicted"] == pytest.approx((round_seconds + 0.9) / 9)
     table = plan.validation_table(list(rows.values()))
     assert "CoCoD-SGD tau=auto" in table and "9 / 4, 8" in table and "efficiency 0.800" in table
+
+
+@pytest.mark.timeout(10)
+def test_validation_predicts_auto_with_the_bound_the_run_recorded():
+    figures = _bench_figures(0.0006 + 5.96e6 / 8e6)  # an all-reduce of 0.7462 s, as above
+    auto = figures["workers"]["4"]["methods"]["CoCoD-SGD tau=auto"]["80000000"]
+    auto["tau_max"] = 64.0  # the median over two passes of 64
+    assert {r["method"]: r["period"] for r in plan.validate(figures)}["CoCoD-SGD tau=auto"] == 9
+    auto["tau_max"] = 2
+    assert {r["method"]: r["period"] for r in plan.validate(figures)}["CoCoD-SGD tau=auto"] == 2
+    with pytest.raises(ValueError, match="recorded tau_max 2, --tau-max 64 contradicts it"):
+        plan.validate(figures, tau_max=64)
 
 
 @pytest.mark.timeout(10)
@@ -160,6 +188,31 @@ def test_the_command_prints_every_method_and_a_period(capsys):
     # t_0 = 6.3 ms; hide: 1.2 x 86.3 / 60 -> 2; a GPU round (0.89 ms) within 1%: 0.89 / 0.6 -> 2.
     sixty_four = out.split("64 workers")[1]
     assert "recommended: CoCoD-SGD tau=2 " in sixty_four and "the all-reduce takes 80.0 ms" in sixty_four
+    assert 'tau="auto" with tau_max 2 settles there' in sixty_four and "accuracy" not in sixty_four
+
+
+@pytest.mark.timeout(10)
+def test_the_recommendation_gives_the_hiding_period_and_what_auto_does_with_it(capsys):
+    # 64 workers at 1 Gbit/s, by hand: T = 126 x (50 us + 44.73 MB / 64 / (0.956 x 125 MB/s))
+    # = 743.0 ms, t_0 = 6.3 ms; hide: 1.2 x 749.3 / 60 -> 15. At the default bound, 2:
+    # (0.89 + 749.3) / 2 = 375.1 ms per step.
+    argv = ["--workers", "64", "--bandwidth", "1gbit", "--latency", "50us", "--model", "resnet18"]
+    argv += ["--step-ms", "60"]
+    assert plan.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| CoCoD-SGD tau=auto (2, tau_max 2) | 375.1 " in out
+    assert "recommended: CoCoD-SGD tau=15 " in out and "the all-reduce takes 743.0 ms" in out
+    assert 'tau="auto" stays at or below 2 unless strategy.tau_max is raised to 15' in out
+    assert "the README's accuracy section shows what periods above 2 cost in accuracy" in out
+    # Raised to the old default, auto reaches the hiding period: (0.89 + 15 x 60) / 15 = 60.1 ms.
+    assert plan.main([*argv, "--tau-max", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "| CoCoD-SGD tau=auto (15, tau_max 64) | 60.1 " in out
+    assert "recommended: CoCoD-SGD tau=15 " in out and 'tau="auto" with tau_max 64 settles there' in out
+    assert "cost in accuracy" in out
+    # A bound between: auto stops at it, and the line names the period to raise it to.
+    assert plan.main([*argv, "--tau-max", "8"]) == 0
+    assert 'tau="auto" stays at or below 8 unless strategy.tau_max is raised to 15' in capsys.readouterr().out
 
 
 @pytest.mark.timeout(10)
@@ -173,6 +226,9 @@ def test_the_command_prints_every_method_and_a_period(capsys):
         (["--workers", "x", "--step-ms", "60"], "--workers: not a count"),
         ([], "--step-ms (compute per step, ms) is required"),
         (["--step-ms", "60", "--jitter", "2"], "--jitter is a coefficient of variation"),
+        (["--step-ms", "60", "--tau-max", "0"], '--tau-max must be at least 1 (the longest period of tau="auto")'),
+        (["--validate", "bench.json", "--tau-max", "-1"], "--tau-max must be at least 1"),
+        (["--step-ms", "60", "--tau-max", "2.5"], "argument --tau-max: invalid int value: '2.5'"),
     ],
 )
 def test_bad_input_is_a_one_line_error(argv, message, capsys):
