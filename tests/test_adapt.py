@@ -3,7 +3,7 @@
 import pytest
 
 from lightning_cocod import CoCoDStrategy
-from lightning_cocod.core.adapt import AdaptivePeriod, proportional_split
+from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod, proportional_split
 from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
 
 
@@ -99,3 +99,14 @@ def test_bad_heterogeneous_input_is_named():
     with pytest.raises(ValueError, match=r"batch_sizes \[30, 20\] must be positive integers summing to global_batch_size=48"):
         ProportionalSampling(48, batch_sizes=[30, 20])
     assert repr(CoCoDStrategy(tau="auto")).startswith("CoCoDStrategy(tau='auto'")
+
+
+def test_auto_keeps_to_the_safe_period_unless_its_bound_is_raised():
+    # The accuracy study's bound: a link that needs 24 steps to hide still gets tau 2 by default,
+    # from the first round on (the rule's initial 4 is above it); a raised bound lets the rule hide it.
+    default = CoCoDStrategy(tau="auto")
+    assert SAFE_TAU_MAX == 2 and default.tau == 2
+    assert default._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 2
+    raised = CoCoDStrategy(tau="auto", tau_max=64)
+    assert raised.tau == 4
+    assert raised._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24

@@ -121,7 +121,8 @@ class SteadySteps(toy.ToyRegression):
 def test_auto_tau_hides_a_known_communication_time_and_ranks_agree(tmp_path):
     steps, comm = 80, 0.12
     trainer = pl.Trainer(
-        strategy=CoCoDStrategy(tau="auto", start_method="fork"), accelerator="cpu", devices=2, max_steps=steps,
+        # tau_max raised from the accuracy bound: what is tested here is the rule that hides time.
+        strategy=CoCoDStrategy(tau="auto", tau_max=64, start_method="fork"), accelerator="cpu", devices=2, max_steps=steps,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=[SlowLink(comm)],
     )

@@ -54,7 +54,7 @@ def test_auto_bounds_of_zero_are_refused_not_rounded_up():
 
 
 def test_resuming_auto_keeps_this_fits_bounds_and_the_measurements():
-    saved = CoCoDStrategy(tau="auto")
+    saved = CoCoDStrategy(tau="auto", tau_max=64)
     saved._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
     state = {**saved._strategy_state(), "steps": 40, "tau": saved._adaptive.tau, "tau_history": [(0, 4), (8, 24)]}
     assert state["tau"] == 24

@@ -11,17 +11,18 @@ GRU ~91%.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lightning_cocod._files import atomic_write
 from lightning_cocod.data.base import InMemoryDataModule
 
 log = logging.getLogger(__name__)
@@ -138,20 +139,11 @@ class MNIST1DDataModule(InMemoryDataModule):
         if cached is not None:
             return cached
         x, y = generate_mnist1d(self.num_samples, self.data_seed)
+        buffer = io.BytesIO()
+        np.savez(buffer, x=x, y=y)
         try:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            # A temporary file in the same folder, then a rename: a reader (another rank, another
-            # run) sees the whole file or none, even when several processes write at once.
-            fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".npz.tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    np.savez(fh, x=x, y=y)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.cache_path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            # Whole or absent for a reader (another rank, another run), even with several writers.
+            atomic_write(self.cache_path, buffer.getvalue())
         except OSError as err:  # a read-only home still trains, it only regenerates each time
             log.warning(f"MNIST-1D: could not cache the data in {self.cache_dir} ({err}); using it uncached")
         return x, y
