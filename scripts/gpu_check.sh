@@ -5,7 +5,7 @@
 #      2-rank Trainer on one GPU against the reference rules);
 #   2. the product's training step against a bare PyTorch loop (ResNet18, batch 128), the host
 #      syncs left in a product step, and the model's all-reduce alone on 2 ranks;
-#   3. the benchmark on 2 ranks sharing the GPU: S-SGD and CoCoD (tau=4 and auto) against the
+#   3. the benchmark on 2 ranks sharing the GPU: S-SGD and CoCoD (tau=4, and auto up to 64) against the
 #      bound, 100 steps of which 30 are warm-up.
 # Runs from the repository without installing it: needs torch, pytorch-lightning, torchmetrics,
 # pytest, pytest-timeout, scikit-learn and matplotlib; not hydra-core, not wandb, no network.
@@ -50,7 +50,7 @@ stage tests 120 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/test
 stage steptime 80 python -m lightning_cocod.steptime --model resnet18 --batch-size 128 --steps 60 --warmup 10 \
     --accelerator gpu --sync-report --allreduce 2 --json "$work/steptime.json"
 stage bench 150 python -m lightning_cocod.bench --accelerator gpu --workers 2 --model resnet18 --batch-size 128 \
-    --rates none --methods ssgd,cocod:4,cocod:auto --steps 100 --warmup 30 --no-overhead --out "$work/bench"
+    --rates none --methods ssgd,cocod:4,cocod:auto --tau-max 64 --steps 100 --warmup 30 --no-overhead --out "$work/bench"
 
 [ -f "$work/steptime.json" ] && cp "$work/steptime.json" "$out/"
 python scripts/gpu_summary.py "$work" >"$out/summary.md" 2>>"$out/bench.log"

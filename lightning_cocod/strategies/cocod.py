@@ -51,7 +51,8 @@ class CoCoDMethod(SyncStrategyBase):
             hides the measured communication time and keeps the round's own cost (snapshot,
             checks, merge) under 1% of its steps, re-chosen every round from figures all ranks
             agree on (they travel with the next round's all-reduce, and a fit's first round,
-            which pays one-time costs, is not counted): the first three rounds use 4.
+            which pays one-time costs, is not counted): the first three rounds use 4, or
+            ``tau_max`` when that is smaller.
         tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and ``SAFE_TAU_MAX``, 2: the longest
             period that kept CoCoD-SGD's accuracy near S-SGD's on the README's accuracy study;
             raise it to let the period hide slower links, at the accuracy the study shows).
