@@ -124,6 +124,11 @@ def run(cfg: DictConfig) -> float | None:
             if rank == 0:
                 print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted), flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
+        if _is_stop_signal(err):
+            # The workers did not stop together (one had not started its fit, or died of the
+            # signal): without this line the app would end with the signal's code and no word.
+            print(_stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun), file=sys.stderr, flush=True)
+            raise
         failure = _worker_failure(err)
         if failure is None:
             raise
@@ -189,6 +194,28 @@ def _worker_failure(err: BaseException) -> str | None:
         ConfigMismatch,
     )
     return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
+
+
+def _is_stop_signal(err: BaseException) -> bool:
+    from lightning_cocod.launch.netns import Terminated
+
+    return isinstance(err, Terminated)
+
+
+def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, multirun: bool) -> str:
+    """The ending of a run that a SIGTERM/SIGHUP to the app stopped before its workers could stop
+    together at a step (``launch_workers`` re-raises the signal then)."""
+    import signal
+
+    code = err.code if isinstance(err.code, int) else 0
+    try:
+        what = signal.Signals(code - 128).name
+    except ValueError:
+        what = f"exit code {code}"
+    resume = _resume_hint(job_dir, hydra_cfg, multirun)
+    return f"cocod-train: {name}: stopped by {what} before its workers could stop together; " + (
+        resume or "no checkpoint was written, so it cannot be resumed"
+    )
 
 
 def _preempted_line(

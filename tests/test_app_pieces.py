@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.condition import condition, condition_id
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
-from lightning_cocod.train import _preempted_line, _worker_failure, final_line
+from lightning_cocod.train import _preempted_line, _stopped_line, _worker_failure, final_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -260,3 +260,20 @@ def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_pa
         "csv/metrics.csv", "csv/v1/metrics.csv", "csv/v2/metrics.csv"
     ]
     assert [f.read_text().splitlines()[1] for f in files] == ["1.0,0", "2.0,0", "3.0,0"]
+
+
+def test_a_run_stopped_by_a_signal_before_its_workers_could_stop_together_says_so(tmp_path):
+    from lightning_cocod.launch.netns import Terminated
+
+    hydra_cfg = SimpleNamespace(overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1"]))
+    job = tmp_path / "out" / "smoke" / "r1"
+    assert _stopped_line("x", Terminated(143), job, hydra_cfg, False) == (
+        "cocod-train: x: stopped by SIGTERM before its workers could stop together; no checkpoint was "
+        "written, so it cannot be resumed"
+    )
+    (job / "checkpoints").mkdir(parents=True)
+    (job / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert _stopped_line("x", Terminated(129), job, hydra_cfg, False) == (
+        f"cocod-train: x: stopped by SIGHUP before its workers could stop together; checkpoint "
+        f"{job}/checkpoints/last.ckpt; resume with: cocod-train experiment=smoke run_id=r1 checkpoint.resume=last"
+    )
