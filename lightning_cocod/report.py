@@ -198,6 +198,19 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def _save(fig: Any, path: Path) -> bool:
+    """Grid and legend on every panel, then the PNG; the figure is closed (matplotlib keeps open ones)."""
+    import matplotlib.pyplot as plt
+
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def _mean_timeline(members: list[Record]) -> tuple[list[float], list[float]]:
     """The seeds' timelines averaged point by point (the k-th validation of every seed), over the
     points all of them reached."""
@@ -234,12 +247,7 @@ def plot_accuracy(runs: list[Record], path: Path) -> bool:
             ylabel="validation accuracy (%)",
             title=f"{count} workers: accuracy against wall time (mean over seeds)",
         )
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_accuracy_vs_tau(rows: list[dict[str, Any]], path: Path) -> bool:
@@ -271,12 +279,7 @@ def plot_accuracy_vs_tau(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set_xscale("log", base=2)
     ax.set_xticks(taus, [str(t) for t in taus])
     ax.set(xlabel="tau (optimizer steps per round)", ylabel=ACCURACY, title="Final accuracy against tau")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_speedup(rows: list[dict[str, Any]], x: str, path: Path, xlabel: str) -> bool:
@@ -309,12 +312,7 @@ def plot_speedup(rows: list[dict[str, Any]], x: str, path: Path, xlabel: str) ->
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="S-SGD")
     ax.set_xticks(xs)
     ax.set(xlabel=xlabel, ylabel="speedup vs S-SGD (step time)", title=f"Speedup against {x}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def write_report(group: str, runs: list[Record], out: Path) -> Path:
