@@ -70,7 +70,8 @@ def run(cfg: DictConfig) -> float | None:
         return None
     try:
         if is_rank_zero():
-            claim(job_dir, cfg.checkpoint.resume in ("last", "auto"), "hydra.sweep.dir" if multirun else "run_id")
+            continuing = cfg.checkpoint.resume in ("last", "auto")
+            claim(job_dir, continuing, "hydra.sweep.dir" if multirun else "run_id")
     except ConfigError as err:
         raise SystemExit(f"cocod-train: error: {err}") from None
     finished = job_dir / "run.json"
@@ -122,12 +123,14 @@ def run(cfg: DictConfig) -> float | None:
             # for at this terminal: the shell's code for it, not the scheduler's requeue code.
             interrupted = getattr(err, "interrupted", False)
             if rank == 0:
-                print(_preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted), flush=True)
+                line = _preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted)
+                print(line, flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
         if _is_stop_signal(err):
             # The workers did not stop together (one had not started its fit, or died of the
             # signal): without this line the app would end with the signal's code and no word.
-            print(_stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun), file=sys.stderr, flush=True)
+            line = _stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun)
+            print(line, file=sys.stderr, flush=True)
             raise
         failure = _worker_failure(err)
         if failure is None:

@@ -34,9 +34,8 @@ def must_agree(cfg: DictConfig) -> dict[str, Any]:
         assert isinstance(plain, dict)
         for key, value in sorted(plain.items()):
             if key not in _LOCAL:
-                values[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool, type(None))) else (
-                    json.dumps(value, sort_keys=True, default=str)
-                )
+                scalar = isinstance(value, (int, float, str, bool, type(None)))
+                values[f"{section}.{key}"] = value if scalar else json.dumps(value, sort_keys=True, default=str)
     return values
 
 

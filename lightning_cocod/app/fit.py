@@ -21,7 +21,9 @@ from lightning_cocod.app.speedup import speedup
 
 
 def _skipped(path: Path, why: str) -> None:
-    logging.getLogger("cocod-train").warning("passed over %s in search of this run's S-SGD baseline: %s", path, why)
+    logging.getLogger("cocod-train").warning(
+        "passed over %s in search of this run's S-SGD baseline: %s", path, why
+    )
 
 
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
@@ -195,7 +197,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "finished_at": time.time(),
     }
     # Its own earlier record (a finished run resumed to train further) is not another run.
-    others = [r for r in group_runs(Path(cfg.out_root), identity["group"], _skipped) if r["id"] != record["id"]]
+    group = group_runs(Path(cfg.out_root), identity["group"], _skipped)
+    others = [r for r in group if r["id"] != record["id"]]
     value, base = speedup(record, [*others, record])
     record.update(speedup_vs_ssgd=value, speedup_baseline=base)
     log_final(logger, record, trainer.global_step)

@@ -391,7 +391,8 @@ def launch_workers(
 def _warn_late_stop(stop: BaseException) -> None:
     what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
     print(
-        f"launch_workers: {what} came as the workers were finishing; they finished, and their results are kept",
+        f"launch_workers: {what} came as the workers were finishing; they finished, and their results "
+        "are kept",
         file=sys.stderr,
         flush=True,
     )
