@@ -5,7 +5,8 @@
 #   tau:     Local-SGD and CoCoD-SGD at tau 2, 8, 16, seed 0 (speedup against tau, over the
 #            methods sweep's S-SGD run of seed 0: same group, same condition, same seed).
 # A sweep's folder is outputs/$EXPERIMENT/$RUN_ID-<sweep>; all runs share the wandb group
-# $EXPERIMENT and the ledger outputs/groups/$EXPERIMENT.json, so speedups are computed across sweeps.
+# $EXPERIMENT, and each run finds its S-SGD run among the group's run.json records, so speedups are
+# computed across sweeps.
 #
 # Hydra's parser wants --multirun before the overrides.
 # DRY_RUN=1 prints the commands instead of running them (tests compose what it prints).
