@@ -10,7 +10,7 @@
 
 A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
 (proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``. ``cocod:auto`` is
-``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 2: longer periods cost
+``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 1: longer periods cost
 accuracy); ``--tau-max N`` gives every ``cocod:auto`` method ``tau_max=N`` and its label says so.
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,
