@@ -236,6 +236,7 @@ def plot_accuracy(runs: list[Record], path: Path) -> bool:
     workers = sorted({key[0] for key in cells})
     fig, axes = plt.subplots(1, len(workers), figsize=(6.5 * len(workers), 4.5), squeeze=False)
     for ax, count in zip(axes[0], workers):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a study has more rows than the default 10 colours
         mine = [(k, v) for k, v in cells.items() if k[0] == count]
         mine.sort(key=lambda kv: (METHOD_ORDER.get(kv[0][2], 9), -(kv[0][3] or 0), _tau_order({"tau": kv[0][4]})))
         for (_, cid, method, progress, tau), members in mine:

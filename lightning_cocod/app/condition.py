@@ -74,7 +74,7 @@ def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
         "accelerator": accelerator,
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a str subclass that YAML loggers would tag as a Python object
     }
 
 
