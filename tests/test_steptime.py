@@ -2,7 +2,7 @@
 
 import json
 import socket
-import time
+import types
 
 import pytest
 import torch
@@ -37,21 +37,25 @@ def test_bare_and_product_timed_side_by_side(tmp_path, capsys, monkeypatch):
 
 
 def test_the_product_window_counts_exactly_the_timed_steps(monkeypatch):
-    # Warm-up steps sleep 0.4 s, timed steps 0.05 s: a window holding a warm-up step (or missing
-    # a timed one) would be off by far more than a linear model's compute.
+    # The window's clock is a counter that step k (0-based) advances by 2**k: the measured figure
+    # names exactly which steps the window held (a warm-up step in it, or a timed one missing,
+    # gives another sum), whatever the machine's speed.
     from lightning_cocod.models import ClassifierModule
 
     monkeypatch.setattr(steptime, "build_model", linear)
+    clock = [0.0]
+    monkeypatch.setattr(steptime, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     original = ClassifierModule.training_step
 
-    def slowed(self, batch, batch_idx):
-        time.sleep(0.4 if self.trainer.global_step < 2 else 0.05)
+    def counted(self, batch, batch_idx):
+        clock[0] += 2.0 ** self.trainer.global_step
         return original(self, batch, batch_idx)
 
-    monkeypatch.setattr(ClassifierModule, "training_step", slowed)
+    monkeypatch.setattr(ClassifierModule, "training_step", counted)
     seconds, _ = steptime.product_seconds("small_cnn", 4, steps=3, warmup=2, device=torch.device("cpu"))
-    assert 0.05 <= seconds < 0.05 + 0.4 / 3
+    assert clock[0] == 2.0**5 - 1  # all five steps ran
+    assert seconds == (2.0**2 + 2.0**3 + 2.0**4) / 3  # steps 2, 3 and 4: the timed ones
 
 
 def test_allreduce_worker_times_the_models_collective(monkeypatch):
