@@ -1,5 +1,6 @@
 import importlib
 import json
+import multiprocessing
 import os
 import pickle
 import signal
@@ -386,6 +387,46 @@ def test_ctrl_c_to_the_launcher_stops_the_workers_as_a_preemption_and_says_it_wa
         _launch_preemptible_by_hand, (str(tmp_path), "stops"), tmp_path, 2, signal.SIGINT, start_s=15, stop_s=15
     )
     assert exitcode == 130  # WorkersPreempted(interrupted=True): the workers left with 75, not killed
+    assert processes_with(str(tmp_path)) == []
+
+
+def _launch_signalled_while_starting(marker_dir: str, sig: int) -> None:
+    # The signal comes once both workers are up (handlers installed, `started.*` written) but
+    # while the launcher is still inside its start-up, signals held: the moment a loaded machine
+    # can give any launch. It is sent from within the start-up so that no timing decides it.
+    real_popen = subprocess.Popen
+    spawned = []
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        spawned.append(proc)
+        if len(spawned) == 2:
+            deadline = time.monotonic() + 20
+            while len(list(Path(marker_dir).glob("started.*"))) < 2:
+                if time.monotonic() > deadline:
+                    os._exit(99)  # the workers never started
+                time.sleep(0.05)
+            os.kill(os.getpid(), sig)
+        return proc
+
+    subprocess.Popen = popen  # in this forked launcher only
+    _launch_preemptible_by_hand(marker_dir, "stops")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 75), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_while_the_launcher_starts_the_workers_still_stops_them_together(tmp_path, sig, code):
+    launcher = multiprocessing.get_context("fork").Process(
+        target=_launch_signalled_while_starting, args=(str(tmp_path), sig)
+    )
+    launcher.start()
+    try:
+        launcher.join(timeout=45)
+    finally:
+        launcher.kill()
+        launcher.join()
+    # Not 143 / a KeyboardInterrupt traceback: the held signal was raised where it stops the workers.
+    assert launcher.exitcode == code
     assert processes_with(str(tmp_path)) == []
 
 

@@ -321,50 +321,59 @@ def launch_workers(
         port = _free_port(link)
         procs: list[subprocess.Popen] = []
         exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        # The ranks started and watched (a thread awaits each one's exit), and those still running.
+        watched: list[int] = []
+        pending: set[int] = set()
         setup = _child_setup_factory()
         try:
-            # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
-            # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C.
-            with signals_deferred():
-                for rank in range(world_size):
-                    with (
-                        open(log_dir / f"rank{rank}.stdout", "wb") as out,
-                        open(log_dir / f"rank{rank}.stderr", "wb") as err,
-                    ):
-                        procs.append(
-                            subprocess.Popen(
-                                link.rank_command(cmd, rank),
-                                env=_worker_env(
-                                    base_env,
-                                    rank,
-                                    world_size,
-                                    port,
-                                    result_paths[rank],
-                                    pythonpath,
-                                    link.rank_env(rank),
-                                ),
-                                cwd=cwd,
-                                stdin=subprocess.DEVNULL,
-                                stdout=out,
-                                stderr=err,
-                                start_new_session=True,
-                                preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
-                            )
-                        )
-                for rank, proc in enumerate(procs):
-                    threading.Thread(
-                        target=lambda r=rank, p=proc: exits.put((r, p.wait())),
-                        daemon=True,
-                        name=f"cocod-wait-rank{rank}",
-                    ).start()
-            pending = set(range(world_size))
             try:
+                # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
+                # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C. A
+                # signal that came meanwhile is raised as the block is left, so that is still in
+                # the `try` that turns it into a stop of the workers: they may already be running
+                # (the signal came once they were up), and a stop must reach them.
+                with signals_deferred():
+                    for rank in range(world_size):
+                        with (
+                            open(log_dir / f"rank{rank}.stdout", "wb") as out,
+                            open(log_dir / f"rank{rank}.stderr", "wb") as err,
+                        ):
+                            procs.append(
+                                subprocess.Popen(
+                                    link.rank_command(cmd, rank),
+                                    env=_worker_env(
+                                        base_env,
+                                        rank,
+                                        world_size,
+                                        port,
+                                        result_paths[rank],
+                                        pythonpath,
+                                        link.rank_env(rank),
+                                    ),
+                                    cwd=cwd,
+                                    stdin=subprocess.DEVNULL,
+                                    stdout=out,
+                                    stderr=err,
+                                    start_new_session=True,
+                                    preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
+                                )
+                            )
+                    for rank, proc in enumerate(procs):
+                        threading.Thread(
+                            target=lambda r=rank, p=proc: exits.put((r, p.wait())),
+                            daemon=True,
+                            name=f"cocod-wait-rank{rank}",
+                        ).start()
+                        watched.append(rank)
+                        pending.add(rank)
                 _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
             except (Terminated, KeyboardInterrupt) as stop:
                 # Ctrl-C too: the workers run in sessions of their own, so a terminal's SIGINT
                 # reaches only this process; they are asked to stop as a preemption asks them, and
                 # checkpoint. To the workers themselves, not their process groups: a worker's own
-                # children (data loaders) killed under it would turn the stop into a crash.
+                # children (data loaders) killed under it would turn the stop into a crash. A
+                # worker that had not yet installed its handler dies of the signal instead, and
+                # the stop is re-raised: nothing was checkpointed.
                 for rank in pending:
                     with contextlib.suppress(ProcessLookupError):
                         procs[rank].send_signal(signal.SIGTERM)
@@ -374,6 +383,10 @@ def launch_workers(
                     preempted.interrupted = isinstance(stop, KeyboardInterrupt)
                     raise
                 except LaunchError:
+                    raise stop from None
+                if len(watched) < world_size:
+                    # Only where the held signal still reached Python (a thread of the caller's
+                    # that does not hold it took it): not every rank was started.
                     raise stop from None
                 # Every rank had finished its work (the signal came as they ended, during their
                 # test, say): the run is whole, and its results are what the caller asked for.
