@@ -184,8 +184,11 @@ def test_shaped_loopback_limits_the_transfer_rate():
 
     plain, shaped = seconds(None), seconds("8mbit")
     print(f"1 MB over loopback: unshaped {plain:.3f} s, shaped to 8mbit {shaped:.3f} s")
-    assert plain < 0.2
+    # No machine beats the shaper: 1 MB at 8 mbit/s takes at least ~0.75 s past the burst.
     assert shaped > 0.5
+    # The unshaped loopback runs at many Gbit/s: the same transfer, measured here under the same
+    # load, takes well under half the shaped one (a loopback shaped too would take as long).
+    assert plain < shaped / 2
 
 
 # --- launching workers ---------------------------------------------------------------------------
