@@ -24,6 +24,15 @@ from lightning_cocod.core.flat import FlatBuffer
 DEFAULT_PROGRESS = 1.0
 
 
+def check_progress(owner: str, progress: object) -> float:
+    """``progress`` as a float, or a one-line ValueError naming ``owner`` and what is accepted."""
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress <= 1:
+        raise ValueError(
+            f"{owner}: progress={progress!r} is invalid; accepted: a number in (0, 1] (1: the paper's merge)"
+        )
+    return float(progress)
+
+
 class CoCoDRound:
     """A round in two verbs, ``begin`` and ``finish``, over persistent flat buffers.
 
@@ -43,12 +52,10 @@ class CoCoDRound:
     def __init__(
         self, tensors: Sequence[Tensor], comm: Communicator, weight: float | None = None, progress: float = 1.0
     ) -> None:
-        if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress <= 1:
-            raise ValueError(f"CoCoDRound: progress={progress!r} is invalid; accepted: a number in (0, 1]")
         self.tensors = list(tensors)
         self.comm = comm
         self.weight = weight
-        self.progress = float(progress)
+        self.progress = check_progress("CoCoDRound", progress)
         self.snapshot = FlatBuffer(self.tensors)
         self.average = FlatBuffer(self.tensors)
         self.handle: Handle | None = None

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
-from lightning_cocod.core.averaging import DEFAULT_PROGRESS
+from lightning_cocod.core.averaging import DEFAULT_PROGRESS, check_progress
 from lightning_cocod.strategies.base import SyncStrategyBase
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class CoCoDMethod(SyncStrategyBase):
             rule. Less damps what separates the workers but also slows the mean (an outer
             learning rate): on the README's accuracy study 0.5 closed most of the gap to S-SGD
             at 4 workers and the largest learning rate, and lost accuracy at a smaller one and
-            at 8 workers. With one worker the merge keeps everything (plain SGD).
+            at 8 workers. One worker has no rounds, so it trains as plain SGD whatever this is.
         average_buffers: round BatchNorm running statistics (floating-point buffers) with the
             parameters; integer buffers always stay local.
     """
@@ -79,11 +79,7 @@ class CoCoDMethod(SyncStrategyBase):
         **kwargs: Any,
     ):
         owner = type(self).__name__
-        if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress <= 1:
-            raise ValueError(
-                f"{owner}: progress={progress!r} is invalid; accepted: a number in (0, 1] (1: the paper's merge)"
-            )
-        self.progress = float(progress)
+        self.progress = check_progress(owner, progress)
         self._adaptive: AdaptivePeriod | None = None
         if tau == "auto":
             try:
@@ -128,8 +124,7 @@ class CoCoDMethod(SyncStrategyBase):
 
     def _build(self, tensors: list[Tensor]) -> None:
         assert self._comm is not None
-        # One worker has no one to disagree with: keeping less of its progress would only slow it.
-        self._round = CoCoDRound(tensors, self._comm, self.weight, self.progress if self.world_size > 1 else 1.0)
+        self._round = CoCoDRound(tensors, self._comm, self.weight, self.progress)
         self._rounds_finished = 0
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
         self._timing, self._measured = None, None
