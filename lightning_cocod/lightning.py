@@ -9,6 +9,8 @@ StrategyRegistry on import:
 
 from lightning_cocod.strategies.namespaces import install
 
-CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy = install("lightning.pytorch", __name__)
+_classes = install("lightning.pytorch", __name__)
+CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
+PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
 
 __all__ = ["CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy"]

@@ -4,6 +4,8 @@
 
 from lightning_cocod.strategies.namespaces import install
 
-CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy = install("pytorch_lightning", __name__)
+_classes = install("pytorch_lightning", __name__)
+CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
+PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
 
 __all__ = ["CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy"]

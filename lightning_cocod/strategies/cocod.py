@@ -67,9 +67,6 @@ class CoCoDMethod(SyncStrategyBase):
             parameters; integer buffers always stay local.
     """
 
-    strategy_name = "cocod"
-    strategy_description = "CoCoD-SGD: all-reduce of the round-start model overlapped with tau local steps"
-
     def __init__(
         self,
         tau: int | str = 4,

@@ -19,9 +19,6 @@ class LocalSGDMethod(SyncStrategyBase):
         average_buffers: average BatchNorm running statistics with the parameters.
     """
 
-    strategy_name = "local_sgd"
-    strategy_description = "Local-SGD: blocking model average every tau optimizer steps"
-
     def __init__(self, tau: int = 4, **kwargs: Any) -> None:
         self.tau = check_period(type(self).__name__, tau)
         super().__init__(**kwargs)

@@ -14,28 +14,28 @@ import importlib
 from typing import Any
 
 from lightning_cocod._registration import NAMESPACES
-from lightning_cocod.strategies.base import StrategyCommon
-from lightning_cocod.strategies.cocod import CoCoDMethod
-from lightning_cocod.strategies.local_sgd import LocalSGDMethod
-from lightning_cocod.strategies.pipe_sgd import PipeSGDMethod
-from lightning_cocod.strategies.ssgd import SSGDMethod
+from lightning_cocod.methods import METHODS, Method
 
-METHODS: tuple[type[StrategyCommon], ...] = (CoCoDMethod, LocalSGDMethod, PipeSGDMethod, SSGDMethod)
-__all__ = ["METHODS", "NAMESPACES", "build", "install", "register", "strategy_name"]
+__all__ = ["NAMESPACES", "build", "install", "mixin", "register"]
 
 
-def strategy_name(method: type) -> str:
-    return method.__name__.removesuffix("Method") + "Strategy"
+def mixin(entry: Method) -> type:
+    module, _, name = entry.mixin.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def build(package: str, home: str) -> dict[str, type]:
-    """One class per method, ``<Method>`` + ``package``'s DDPStrategy, living in module ``home``
-    (where pickling, e.g. by ``*_spawn`` launchers, finds it again)."""
+    """One class per method of the table, its mixin + ``package``'s DDPStrategy, living in module
+    ``home`` (where pickling, e.g. by ``*_spawn`` launchers, finds it again)."""
     ddp = importlib.import_module(f"{package}.strategies").DDPStrategy
     classes = {}
-    for method in METHODS:
-        name = strategy_name(method)
-        classes[name] = type(name, (method, ddp), {"__module__": home, "__qualname__": name, "__doc__": method.__doc__})
+    for entry in METHODS.values():
+        name, logic = entry.strategy_class, mixin(entry)
+        attributes = {
+            "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
+            "strategy_name": entry.name, "strategy_description": entry.description,
+        }
+        classes[name] = type(name, (logic, ddp), attributes)
     return classes
 
 
@@ -48,7 +48,7 @@ def register(package: str, classes: dict[str, type]) -> None:
 
 
 def install(package: str, home: str) -> tuple[type, ...]:
-    """Build and register ``package``'s classes; returns them in the order of ``METHODS``."""
+    """Build and register ``package``'s classes; returns them by class name."""
     classes = build(package, home)
     register(package, classes)
-    return tuple(classes[strategy_name(method)] for method in METHODS)
+    return classes

@@ -22,9 +22,6 @@ class PipeSGDMethod(SyncStrategyBase):
     momentum). When fit ends the last launched gradients are waited on and not applied.
     """
 
-    strategy_name = "pipe_sgd"
-    strategy_description = "Pipe-SGD: gradient all-reduce overlapped with the next step, applied one step stale"
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._pipeline: GradientPipeline | None = None

@@ -20,9 +20,6 @@ class SSGDMethod(StrategyCommon):
     checksum, and verified when loaded. Every other option goes to DDPStrategy as it is.
     """
 
-    strategy_name = "ssgd"
-    strategy_description = "S-SGD: Lightning's DDPStrategy (gradient all-reduce every step)"
-
     def __init__(self, *, timeout: Any = None, start_method: str = "popen", **ddp_options: Any) -> None:
         super().__init__(**ddp_options, **self._common_init(timeout, start_method))  # type: ignore[call-arg]
 

@@ -1,0 +1,72 @@
+"""The one table of methods: every tool (app, benchmark, demo, plan, report) and the strategy
+registry read it. Adding a method, or a variant of one, is one entry here plus its class.
+
+Importing this module imports no torch and no Lightning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # the registry name (``Trainer(strategy=name)``) and the config option (strategy=name)
+    label: str  # how tables and plots call it
+    periodic: bool  # has a period ``tau``; the others ignore it
+    mixin: str  # "module:Class" of its logic over no Lightning class (strategies.namespaces builds the classes)
+    description: str
+
+    @property
+    def strategy_class(self) -> str:
+        """The class name in ``lightning_cocod`` / ``lightning_cocod.lightning``: CoCoDStrategy."""
+        return self.mixin.rpartition(":")[2].removesuffix("Method") + "Strategy"
+
+    def describe(self, tau: int | str | None = None) -> str:
+        """The label, with the period for a method that has one: "CoCoD-SGD tau=4"."""
+        return f"{self.label} tau={tau}" if self.periodic and tau is not None else self.label
+
+
+# In the order tables list them: the baseline first.
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "ssgd", "S-SGD", False, "lightning_cocod.strategies.ssgd:SSGDMethod",
+            "S-SGD: Lightning's DDPStrategy (gradient all-reduce every step)",
+        ),
+        Method(
+            "pipe_sgd", "Pipe-SGD", False, "lightning_cocod.strategies.pipe_sgd:PipeSGDMethod",
+            "Pipe-SGD: gradient all-reduce overlapped with the next step, applied one step stale",
+        ),
+        Method(
+            "local_sgd", "Local-SGD", True, "lightning_cocod.strategies.local_sgd:LocalSGDMethod",
+            "Local-SGD: blocking model average every tau optimizer steps",
+        ),
+        Method(
+            "cocod", "CoCoD-SGD", True, "lightning_cocod.strategies.cocod:CoCoDMethod",
+            "CoCoD-SGD: all-reduce of the round-start model overlapped with tau local steps",
+        ),
+    )
+}
+PERIODIC = tuple(name for name, m in METHODS.items() if m.periodic)
+
+
+def method(name: str) -> Method:
+    """The entry of ``name``; ValueError naming the accepted ones."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"method {name!r} is not one of {', '.join(METHODS)}") from None
+
+
+def method_of_class(class_name: str) -> str | None:
+    """The method a strategy class stands for (Lightning's own DDPStrategy is S-SGD), or None."""
+    if class_name == "DDPStrategy":
+        return "ssgd"
+    return next((m.name for m in METHODS.values() if m.strategy_class == class_name), None)
+
+
+def label(name: str, tau: int | str | None = None) -> str:
+    """``describe`` for a name that may not be a method (a tool's own rows): the name itself."""
+    return METHODS[name].describe(tau) if name in METHODS else name
