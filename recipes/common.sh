@@ -72,7 +72,7 @@ launch() {
         run env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes="$nnodes" --nproc-per-node="$nproc" \
           --max-restarts="${MAX_RESTARTS:-3}" --rdzv-backend=c10d \
           --rdzv-endpoint="${HEAD:?set HEAD to the rendezvous host}:29500" --rdzv-id="$RUN_ID-$name" \
-          -m lightning_cocod.train --multirun experiment="$EXPERIMENT" launcher=torchrun \
+          -m lightning_cocod.app.train --multirun experiment="$EXPERIMENT" launcher=torchrun \
           run_id="$RUN_ID-$name" checkpoint.resume=auto "$@" "${overrides[@]}" ;;
       slurm)
         # run_id defaults to SLURM_JOB_ID inside the job: the same on every task.

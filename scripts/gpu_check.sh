@@ -47,9 +47,9 @@ cat "$out/environment.txt"
 
 stage tests 120 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/test_comm_cuda_timing.py \
     --junitxml="$work/tests.xml"
-stage steptime 80 python -m lightning_cocod.steptime --model resnet18 --batch-size 128 --steps 60 --warmup 10 \
+stage steptime 80 python -m lightning_cocod.tools.steptime --model resnet18 --batch-size 128 --steps 60 --warmup 10 \
     --accelerator gpu --sync-report --allreduce 2 --json "$work/steptime.json"
-stage bench 150 python -m lightning_cocod.bench --accelerator gpu --workers 2 --model resnet18 --batch-size 128 \
+stage bench 150 python -m lightning_cocod.tools.bench --accelerator gpu --workers 2 --model resnet18 --batch-size 128 \
     --rates none --methods ssgd,cocod:4,cocod:auto --tau-max 64 --steps 100 --warmup 30 --no-overhead --out "$work/bench"
 
 [ -f "$work/steptime.json" ] && cp "$work/steptime.json" "$out/"

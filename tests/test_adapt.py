@@ -4,7 +4,7 @@ import pytest
 
 from lightning_cocod import CoCoDStrategy
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod, proportional_split
-from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ import torch
 from pytorch_lightning.loggers import Logger
 
 import lightning_cocod
-from lightning_cocod import callbacks
-from lightning_cocod.app.progress import ProgressRelay
+from lightning_cocod.callbacks import metrics as callbacks
+from lightning_cocod.launch.progress import ProgressRelay
 from lightning_cocod.callbacks import PeriodicCheckpoint, ProgressLine, StepTimer
 from lightning_cocod.data import SyntheticDataModule
 from lightning_cocod.models import ClassifierModule, SmallCNN

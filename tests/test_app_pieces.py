@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.condition import condition, condition_id
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
-from lightning_cocod.train import _preempted_line, _stopped_line, _worker_failure, final_line
+from lightning_cocod.app.train import _preempted_line, _stopped_line, _worker_failure, final_line
 
 REPO = Path(__file__).resolve().parents[1]
 

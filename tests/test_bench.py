@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_cocod.bench import combine, ratio, round_ends, summarize
+from lightning_cocod.tools.bench import combine, ratio, round_ends, summarize
 
 
 def rank_result(step_seconds: list[float], rounds=(), comm=None, rss=100, model_bytes=10) -> dict:
@@ -80,7 +80,7 @@ def test_one_pass_has_no_range():
 
 
 def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monkeypatch, tmp_path):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     bound_steps = iter([1.0, 1.0, 3.0, 1.2])  # one slow outlier; the median (1.1) ignores it
     calls = []
@@ -112,7 +112,7 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
 
 
 def test_worker_counts_are_read_sorted_and_checked():
-    from lightning_cocod.bench import parse_worker_counts
+    from lightning_cocod.tools.bench import parse_worker_counts
 
     assert parse_worker_counts("8,2,4,4") == [2, 4, 8]
     assert parse_worker_counts("2") == [2]
@@ -132,7 +132,7 @@ def test_worker_counts_are_read_sorted_and_checked():
     ],
 )
 def test_bad_options_are_one_line_errors(argv, message, capsys):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
@@ -153,7 +153,7 @@ def test_summary_keeps_the_jitter_the_allreduce_time_and_the_periods():
 
 
 def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypatch, tmp_path):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     calls = []
 
@@ -177,7 +177,7 @@ def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypat
 
 
 def test_unshaped_runs_have_no_rate_plot_and_gpu_runs_default_to_unshaped(tmp_path):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     assert bench.plot({"methods": {}, "bound": {"step_seconds": 1.0}}, [None], tmp_path / "p.png", "t") is False
     assert not (tmp_path / "p.png").exists()
@@ -191,7 +191,7 @@ def test_unshaped_runs_have_no_rate_plot_and_gpu_runs_default_to_unshaped(tmp_pa
 
 
 def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tmp_path):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     args = bench.parse_args(["--methods", "ssgd,cocod:auto,cocod:8,cocod:auto:ps", "--tau-max", "64"])
     ssgd, auto, fixed, auto_ps = args.method_specs
@@ -232,7 +232,7 @@ def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tm
 
 
 def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
-    from lightning_cocod.worker import make_strategy
+    from lightning_cocod.tools.worker import make_strategy
 
     # A link that needs 24 steps to hide (2 s against 0.1 s steps, with the rule's 1.2 margin).
     raised = make_strategy("cocod", "auto", tau_max=64)
@@ -254,7 +254,7 @@ def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
     ],
 )
 def test_a_bad_tau_max_is_a_one_line_error(argv, message, capsys):
-    from lightning_cocod import bench
+    from lightning_cocod.tools import bench
 
     with pytest.raises(SystemExit):
         bench.parse_args(argv)

@@ -116,7 +116,7 @@ def test_the_app_refuses_a_checkpoint_whose_pickle_runs_code_before_anything_sta
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(3)}, "global_step": 3, "payload": RunsCode(marker)}, evil)
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.train", "experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}",
+        [sys.executable, "-m", "lightning_cocod.app.train", "experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}",
          f"checkpoint.resume={evil}"],
         cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_MODE": "disabled"},
         capture_output=True, text=True, timeout=100, check=False, stdin=subprocess.DEVNULL,

@@ -111,7 +111,7 @@ def app_arguments(line: str) -> list[str] | None:
     words = shlex.split(line)
     for marker, extra in (
         ("cocod-train", []),
-        ("lightning_cocod.train", []),
+        ("lightning_cocod.app.train", []),
         ("slurm.sbatch", ["launcher=slurm", "checkpoint.resume=auto"]),
     ):
         if any(w.endswith(marker) for w in words):
@@ -319,7 +319,7 @@ def test_cfg_job_prints_the_default_config_on_a_machine_without_data(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "COCOD_DATA"}
     (tmp_path / "empty").mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.train", "--cfg", "job"],
+        [sys.executable, "-m", "lightning_cocod.app.train", "--cfg", "job"],
         cwd=tmp_path / "empty",
         env=env,
         capture_output=True,
@@ -380,7 +380,7 @@ def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "lightning_cocod.train",
+                "lightning_cocod.app.train",
                 "experiment=smoke",
                 f"out_root={tmp_path}/out",
                 override,

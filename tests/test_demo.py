@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lightning_cocod import bench, demo
+from lightning_cocod.tools import bench, demo
 
 
 @pytest.mark.distributed
@@ -14,7 +14,7 @@ from lightning_cocod import bench, demo
 def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.demo", "--epochs", "1", "--methods", "ssgd,cocod",
+        [sys.executable, "-m", "lightning_cocod.tools.demo", "--epochs", "1", "--methods", "ssgd,cocod",
          "--width", "16", "--out", str(out)],
         capture_output=True, text=True, timeout=230, stdin=subprocess.DEVNULL,
     )

@@ -11,7 +11,7 @@ import torch
 
 from lightning_cocod import CoCoDStrategy
 from lightning_cocod.data import DigitsDataModule
-from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 from tests.helpers import toy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]

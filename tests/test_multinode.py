@@ -33,7 +33,7 @@ def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
             [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
                 f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "lightning_cocod.train", "launcher=torchrun", "experiment=smoke", "run_id=two-agents",
+                "-m", "lightning_cocod.app.train", "launcher=torchrun", "experiment=smoke", "run_id=two-agents",
                 f"out_root={tmp_path}", "launcher.threads_per_worker=1",  # both agents share 2 cores here
             ],
             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -66,7 +66,7 @@ def test_ranks_that_disagree_on_the_config_are_all_stopped_in_one_line_naming_it
             [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
                 f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "lightning_cocod.train", "launcher=torchrun", "experiment=smoke", "run_id=differ",
+                "-m", "lightning_cocod.app.train", "launcher=torchrun", "experiment=smoke", "run_id=differ",
                 f"out_root={tmp_path / f'node{node}'}", "launcher.threads_per_worker=1", "strategy.timeout=60",
                 f"{key}={value}",
             ],
@@ -136,7 +136,7 @@ def test_the_sbatch_script_requeues_a_job_stopped_with_a_checkpoint(tmp_path, sr
     # The app's own parser: --multirun first, then the launcher, auto-resume, and the user's overrides
     # (after it, so checkpoint.resume=null from the user wins).
     assert (tmp_path / "srun.args").read_text().split() == [
-        "python", "-m", "lightning_cocod.train", "--multirun", "launcher=slurm", "checkpoint.resume=auto",
+        "python", "-m", "lightning_cocod.app.train", "--multirun", "launcher=slurm", "checkpoint.resume=auto",
         "experiment=smoke", "tau=2,4",
     ]
     scontrol = tmp_path / "scontrol.args"

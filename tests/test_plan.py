@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from lightning_cocod import plan
-from lightning_cocod.plan import (
+from lightning_cocod.tools import plan
+from lightning_cocod.tools.plan import (
     Setting,
     allreduce_seconds,
     auto_period,
@@ -255,7 +255,7 @@ def test_the_model_imports_no_torch_of_its_own():
         "import sys\n"
         "import lightning_cocod.core.adapt, lightning_cocod.launch.cluster, lightning_cocod.launch.netns\n"
         "before = set(sys.modules)\n"
-        "import lightning_cocod.plan\n"
+        "import lightning_cocod.tools.plan\n"
         "heavy = {'torch', 'pytorch_lightning', 'lightning', 'numpy', 'matplotlib'}\n"
         "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in heavy))\n"
     )
@@ -272,7 +272,7 @@ def test_cocod_plan_answers_without_loading_torch():
         "sys.argv = ['cocod-plan', '--workers', '64', '--bandwidth', '10gbit', '--latency', '50us',\n"
         "            '--model', 'resnet18', '--step-ms', '60']\n"
         "try:\n"
-        "    runpy.run_module('lightning_cocod.plan', run_name='__main__')\n"
+        "    runpy.run_module('lightning_cocod.tools.plan', run_name='__main__')\n"
         "except SystemExit as exit:\n"
         "    assert exit.code in (0, None), exit.code\n"
         "heavy = {'torch', 'pytorch_lightning', 'lightning', 'numpy', 'matplotlib'}\n"

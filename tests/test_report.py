@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 import yaml
 
-from lightning_cocod import report
+from lightning_cocod.app import report
 from lightning_cocod.app.runs import group_runs, load_runs
 from lightning_cocod.app.speedup import baseline, speedup
 

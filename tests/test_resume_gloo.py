@@ -8,7 +8,7 @@ import torch
 
 from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
 from lightning_cocod.data import DigitsDataModule
-from lightning_cocod.hetero import ProportionalSampling
+from lightning_cocod.callbacks import ProportionalSampling
 from lightning_cocod.models import ClassifierModule, SmallCNN
 from lightning_cocod.strategies.checkpointing import STATE_KEY
 

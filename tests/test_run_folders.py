@@ -200,7 +200,7 @@ def test_a_read_only_checkpoint_folder_is_refused_before_any_worker_starts(tmp_p
     checkpoints = tmp_path / "out" / "smoke" / "r1" / "checkpoints"
     checkpoints.mkdir(parents=True)
     overrides = ["experiment=smoke", f"out_root={tmp_path / 'out'}", "run_id=r1", *TINY]
-    command = " ".join(["python", "-m", "lightning_cocod.train", *overrides])
+    command = " ".join(["python", "-m", "lightning_cocod.app.train", *overrides])
     # A private mount namespace, in which the folder is a read-only bind mount of itself.
     script = f"mount --bind {checkpoints} {checkpoints} && mount -o remount,bind,ro {checkpoints} && exec {command}"
     done = subprocess.run(

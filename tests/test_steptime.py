@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightning_cocod import steptime
+from lightning_cocod.tools import steptime
 
 
 @pytest.fixture(autouse=True)

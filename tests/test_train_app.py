@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_cocod import report
+from lightning_cocod.app import report
 from lightning_cocod.app.fit import steady_step_seconds
 from lightning_cocod.app.identity import code_of, git_commit
 from lightning_cocod.app.loggers import REDACTED, log_final, redact, wandb_mode
@@ -37,7 +37,7 @@ TINY = [
 def run_app(tmp_path: Path, *overrides: str, timeout: int = 280) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.train", *overrides],
+        [sys.executable, "-m", "lightning_cocod.app.train", *overrides],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -154,7 +154,7 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
     to rank 1 alone (or, ``app_itself``, to the app, as a terminal's Ctrl-C does). Returns the
     app's exit code, stdout and stderr."""
     app = subprocess.Popen(
-        [sys.executable, "-m", "lightning_cocod.train", *args],
+        [sys.executable, "-m", "lightning_cocod.app.train", *args],
         cwd=tmp_path,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
         stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from lightning_cocod.launch import launch_workers
-from lightning_cocod.worker import describe_placement, placement
+from lightning_cocod.tools.worker import describe_placement, placement
 
 
 def test_a_gpu_per_rank_trains_on_its_own_gpu_over_nccl():
@@ -77,7 +77,7 @@ def test_ranks_as_nodes_of_one_device_make_a_two_rank_cocod_run(tmp_path):
         "one_device": True,
     }
     results = launch_workers(
-        "lightning_cocod.worker", 2, None, [json.dumps(spec)], timeout_s=170, output_dir=tmp_path
+        "lightning_cocod.tools.worker", 2, None, [json.dumps(spec)], timeout_s=170, output_dir=tmp_path
     )
     assert [r["rank"] for r in results] == [0, 1] and all(r["world_size"] == 2 for r in results)
     assert all(r["placement"]["ranks_per_device"] == 2 for r in results)

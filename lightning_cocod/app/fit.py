@@ -88,7 +88,7 @@ def progress_path(job_dir: Path) -> Path:
 
 
 def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
-    from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+    from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 
     hetero, callbacks = cfg.hetero, []
     if hetero.proportional or hetero.batch_sizes is not None:

@@ -14,7 +14,7 @@ import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 
 from lightning_cocod.launch import write_result  # noqa: E402
-from lightning_cocod.worker import make_strategy, placement  # noqa: E402
+from lightning_cocod.tools.worker import make_strategy, placement  # noqa: E402
 from tests.helpers import toy  # noqa: E402
 
 STEPS = 10

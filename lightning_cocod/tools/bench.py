@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.compare import (
+from lightning_cocod.tools.compare import (
     label,
     markdown_table,
     new_axes,
@@ -58,7 +58,7 @@ from lightning_cocod.launch import (
     parse_rate,
 )
 from lightning_cocod.launch.cluster import measured_round_trip
-from lightning_cocod.plan import validate, validation_table
+from lightning_cocod.tools.plan import validate, validation_table
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
 PERIODIC = ("local_sgd", "cocod")
@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.workers = args.worker_counts[0]
         args.slowdown_factors = None
         if args.slowdown:
-            from lightning_cocod.hetero import check_slowdowns
+            from lightning_cocod.callbacks import check_slowdowns
 
             if len(args.worker_counts) > 1:
                 raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
@@ -267,7 +267,7 @@ def workers_line(args: argparse.Namespace) -> str:
         return "CPU workers x 1 thread"
     import torch
 
-    from lightning_cocod.worker import describe_placement, placement
+    from lightning_cocod.tools.worker import describe_placement, placement
 
     counts = args.worker_counts
     layout = placement("gpu", "cocod", counts[0], 0, torch.cuda.device_count(), args.one_device)["record"]

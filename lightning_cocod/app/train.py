@@ -1,4 +1,4 @@
-"""``cocod-train`` (also ``python -m lightning_cocod.train``): a Hydra app over the repository's conf/.
+"""``cocod-train`` (also ``python -m lightning_cocod.app.train``): a Hydra app over the repository's conf/.
 
     cocod-train experiment=smoke
     cocod-train -m experiment=smoke strategy=ssgd,cocod,local_sgd tau=2,4,8 seed=0,1,2
@@ -36,7 +36,7 @@ from lightning_cocod.app.speedup import describe
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("cocod-train")
-WORKER_TARGET = "lightning_cocod.train:worker_main"
+WORKER_TARGET = "lightning_cocod.app.train:worker_main"
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program ended by Ctrl-C
 # Job number -> the earlier job of the sweep it would repeat (set by main before Hydra runs).
 _REPEATS: dict[int, int] = {}
@@ -252,7 +252,7 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
     from lightning_cocod.app.condition import NETNS_ENV, net_namespace
     from lightning_cocod.app.fit import progress_path
-    from lightning_cocod.app.progress import ProgressRelay
+    from lightning_cocod.launch.progress import ProgressRelay
     from lightning_cocod.launch import launch_workers
 
     threads = cfg.launcher.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // workers)

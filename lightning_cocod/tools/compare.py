@@ -11,7 +11,7 @@ from typing import Any
 
 from lightning_cocod.callbacks import steady_step_seconds
 from lightning_cocod.launch import launch_workers
-from lightning_cocod.plan import markdown_table  # there so that cocod-plan imports no Lightning
+from lightning_cocod.tools.plan import markdown_table  # there so that cocod-plan imports no Lightning
 
 __all__ = ["label", "markdown_table", "new_axes", "run_method", "save_plot", "steady_step_seconds"]
 
@@ -87,7 +87,7 @@ def run_method(
     title = label(spec["method"], spec.get("tau")) + (" +PS" if spec.get("proportional") else "")
     progress = Progress(f"{title:<30} @ {rate or 'unshaped'}", progress_path, total)
     results = launch_workers(
-        "lightning_cocod.worker",
+        "lightning_cocod.tools.worker",
         workers,
         rate,
         [json.dumps(spec)],

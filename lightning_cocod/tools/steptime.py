@@ -1,8 +1,8 @@
 """The product's training step against a bare PyTorch loop of the same model and batch.
 
-    python -m lightning_cocod.steptime --model resnet18 --batch-size 128 --steps 60 --accelerator gpu
-    python -m lightning_cocod.steptime --accelerator gpu --sync-report     # where the host waits on the GPU
-    python -m lightning_cocod.steptime --accelerator gpu --allreduce 2     # the model's all-reduce alone
+    python -m lightning_cocod.tools.steptime --model resnet18 --batch-size 128 --steps 60 --accelerator gpu
+    python -m lightning_cocod.tools.steptime --accelerator gpu --sync-report     # where the host waits on the GPU
+    python -m lightning_cocod.tools.steptime --accelerator gpu --allreduce 2     # the model's all-reduce alone
 
 (a) the bare loop: the network, SGD with momentum, one batch already on the device, nothing else;
 (b) the product: ``ClassifierModule`` + ``SyntheticDataModule`` (gather, crop, flip, normalise on
@@ -186,7 +186,7 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
     flat buffer of the model's size), launch to completion, on the benchmark's placement."""
     import torch.distributed as dist
 
-    from lightning_cocod.worker import placement
+    from lightning_cocod.tools.worker import placement
 
     spec = json.loads(spec_json)
     world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
@@ -225,7 +225,7 @@ def allreduce_seconds(model: str, workers: int, accelerator: str, repeats: int =
 
     spec = {"model": model, "accelerator": accelerator, "warmup": 3, "repeats": repeats}
     # By name: run as ``python -m``, this module is __main__, which a worker cannot import.
-    target = "lightning_cocod.steptime:allreduce_worker"
+    target = "lightning_cocod.tools.steptime:allreduce_worker"
     results = launch_workers(target, workers, None, [json.dumps(spec)], timeout_s=300)
     per_call = [max(calls) for calls in zip(*(r["seconds"] for r in results))]  # done when the last rank is
     return {
@@ -237,7 +237,7 @@ def allreduce_seconds(model: str, workers: int, accelerator: str, repeats: int =
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_cocod.steptime", description=__doc__.split("\n\n")[0]
+        prog="python -m lightning_cocod.tools.steptime", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--model", default="resnet18", choices=MODEL_NAMES)
     parser.add_argument("--batch-size", type=int, default=128)

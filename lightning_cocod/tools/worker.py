@@ -1,6 +1,6 @@
 """One rank of a comparison run, started by ``lightning_cocod.launch.launch_workers``.
 
-``python -m lightning_cocod.worker '<spec json>'`` trains one method through a real Lightning
+``python -m lightning_cocod.tools.worker '<spec json>'`` trains one method through a real Lightning
 ``Trainer`` and writes what the demo and the benchmark need: step end times, accuracy against
 wall time, the strategy's communication figures, peak memory. The method "bound" is the
 compute-only bound: the same steps on a single-process Trainer with no process group at all.
@@ -27,7 +27,7 @@ from pytorch_lightning.strategies import DDPStrategy
 
 from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
-from lightning_cocod.hetero import ProportionalSampling, SimulatedSlowdown
+from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 from lightning_cocod.launch import write_result
 from lightning_cocod.models import ClassifierModule, build_model
 from lightning_cocod.strategies import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy

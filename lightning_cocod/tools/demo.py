@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.compare import label, markdown_table, new_axes, run_method, save_plot
+from lightning_cocod.tools.compare import label, markdown_table, new_axes, run_method, save_plot
 from lightning_cocod.launch import format_rate, parse_rate
 
 METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
