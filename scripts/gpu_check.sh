@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every GPU check of issue 14 in one command, for a machine with a CUDA device (about 5 minutes
-# on one H200, each stage capped so the whole stays under 6):
+# Every GPU check in one command, for a machine with a CUDA device (about 5 minutes on one H200;
+# each stage capped, the whole under 9 minutes, so one 10-minute device call always finishes it):
 #   1. the GPU tests (tests/gpu: stream order, what the CUDA figures measure, device data, a
-#      2-rank Trainer on one GPU against the reference rules);
+#      2-rank Trainer on one GPU against the reference rules, and over NCCL with a GPU per rank
+#      where there are two); the stage's cap exceeds the sum of the tests' own timeouts, so a test
+#      that overruns fails alone and the others still report;
 #   2. the product's training step against a bare PyTorch loop (ResNet18, batch 128), the host
 #      syncs left in a product step, and the model's all-reduce alone on 2 ranks;
 #   3. the benchmark on 2 ranks sharing the GPU: S-SGD and CoCoD (tau=4, and auto up to 64) against the
@@ -45,7 +47,7 @@ EOF
 cp "$work/environment.txt" "$out/"
 cat "$out/environment.txt"
 
-stage tests 120 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/test_comm_cuda_timing.py \
+stage tests 270 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/test_comm_cuda_timing.py \
     --junitxml="$work/tests.xml"
 stage steptime 80 python -m lightning_cocod.tools.steptime --model resnet18 --batch-size 128 --steps 60 --warmup 10 \
     --accelerator gpu --sync-report --allreduce 2 --json "$work/steptime.json"

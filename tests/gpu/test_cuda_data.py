@@ -61,6 +61,9 @@ def test_epochs_of_device_batches_and_augmentation_never_sync_the_host():
 def test_bf16_mixed_channels_last_fit_on_the_gpu():
     pl.seed_everything(0)
     module = ClassifierModule(build_model("small_cnn", 10), lr=0.05, schedule="none", channels_last=True)
+    conv = next(m for m in module.net.modules() if isinstance(m, torch.nn.Conv2d))
+    seen = []  # what the convolution computed in: bf16 under autocast, not the weights' float32
+    conv.register_forward_hook(lambda _m, _inputs, out: seen.append((out.dtype, out.device.type)))
     trainer = pl.Trainer(
         accelerator="gpu",
         devices=1,
@@ -75,5 +78,6 @@ def test_bf16_mixed_channels_last_fit_on_the_gpu():
     )
     trainer.fit(module, datamodule=SyntheticDataModule(num_samples=256, batch_size=32))
     assert torch.isfinite(trainer.callback_metrics["train/loss"]).item()
+    assert len(seen) == 6 and set(seen) == {(torch.bfloat16, "cuda")}, seen
     weight = next(p for p in module.net.parameters() if p.dim() == 4)
     assert weight.dtype == torch.float32 and weight.is_contiguous(memory_format=torch.channels_last)

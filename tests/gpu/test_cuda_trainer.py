@@ -1,5 +1,6 @@
-"""Two ranks sharing one GPU (gloo on CUDA tensors) through real Trainers, each method against
-the reference simulation of its rule in tests/helpers/toy.py (computed on the CPU)."""
+"""Two ranks through real Trainers, each method against the reference simulation of its rule in
+tests/helpers/toy.py (computed on the CPU): sharing one GPU (gloo on CUDA tensors), and with a GPU
+each over NCCL where the machine has two."""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from lightning_cocod.launch import launch_workers
 from tests.gpu.toy_worker import STEPS
 from tests.helpers import toy
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(200)  # under the GPU check's cap on its test stage
 
 WORLD = 2
 
@@ -25,16 +26,20 @@ def references():
     }
 
 
-def run_and_check(out_dir: Path, accelerator: str) -> None:
-    """Both ranks on one device of ``accelerator`` (the CPU run of this is in test_worker_placement)."""
+def run_and_check(out_dir: Path, accelerator: str, layout: str = "shared") -> None:
+    """Both ranks on one device of ``accelerator`` (the CPU run of this is in
+    test_worker_placement), or with ``layout="per-rank"`` one GPU each over NCCL."""
     script = str(Path(__file__).with_name("toy_worker.py"))
     results = launch_workers(
-        script, WORLD, None, [out_dir, accelerator], timeout_s=280, output_dir=out_dir / "logs"
+        script, WORLD, None, [out_dir, accelerator, layout], timeout_s=180, output_dir=out_dir / "logs"
     )
-    device = "cuda:0" if accelerator == "gpu" else "cpu"
     for result in results:
-        assert result["placement"]["backend"] == "gloo" and result["placement"]["ranks_per_device"] == WORLD
-        assert set(result["devices"].values()) == {device}
+        if layout == "shared":
+            assert result["placement"]["backend"] == "gloo" and result["placement"]["ranks_per_device"] == WORLD
+            assert set(result["devices"].values()) == {"cuda:0" if accelerator == "gpu" else "cpu"}
+        else:
+            assert result["placement"]["backend"] == "nccl" and result["placement"]["ranks_per_device"] == 1
+            assert set(result["devices"].values()) == {f"cuda:{result['rank']}"}
     for name, (trajectory, final) in references().items():
         ranks = toy.read_ranks(out_dir / name, WORLD)
         for r, record in enumerate(ranks):
@@ -52,3 +57,8 @@ def run_and_check(out_dir: Path, accelerator: str) -> None:
 
 def test_two_ranks_on_one_gpu_follow_each_rule(tmp_path):
     run_and_check(tmp_path, "gpu")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between ranks needs a GPU per rank (2)")
+def test_two_ranks_with_a_gpu_each_follow_each_rule_over_nccl(tmp_path):
+    run_and_check(tmp_path, "gpu", layout="per-rank")

@@ -1,7 +1,8 @@
 """One rank of tests/gpu/test_cuda_trainer.py: fits the toy regression with each method in turn,
-every rank on the same device (gloo on CUDA tensors on a GPU), as the benchmark places them.
+placed as the benchmark places them: every rank on the same device (gloo on CUDA tensors), or
+with LAYOUT "per-rank" one GPU per rank (NCCL).
 
-    python tests/gpu/toy_worker.py OUT_DIR ACCELERATOR     (started by launch_workers)
+    python tests/gpu/toy_worker.py OUT_DIR ACCELERATOR [LAYOUT]     (started by launch_workers)
 """
 
 import os
@@ -27,10 +28,10 @@ RUNS = {
 }
 
 
-def main(out_dir: str, accelerator: str) -> None:
+def main(out_dir: str, accelerator: str, layout: str = "shared") -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     gpus = torch.cuda.device_count() if accelerator == "gpu" else 0
-    where = placement(accelerator, "cocod", world_size, rank, gpus, one_device=True)
+    where = placement(accelerator, "cocod", world_size, rank, gpus, one_device=layout == "shared")
     os.environ.update(where["env"])
     devices = {}
     for name, (method, tau) in RUNS.items():
