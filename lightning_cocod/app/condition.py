@@ -55,10 +55,10 @@ def device_name(accelerator: str) -> str:
         return torch.cuda.get_device_name()
     try:
         with open("/proc/cpuinfo") as fh:
-            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+            models = [line.partition(":")[2].strip() for line in fh if line.startswith("model name")]
     except OSError:
-        model = None
-    return f"{model or platform.processor() or platform.machine()} x{os.cpu_count()}"
+        models = []
+    return f"{(models or [platform.processor() or platform.machine()])[0]} x{os.cpu_count()}"
 
 
 def measured(trainer: Any, rate: str | None) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def world_size(cfg: DictConfig) -> int:
 
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
     """What every record of this run carries (run.json, logger config); the worker adds the
-    condition it measured (``condition``)."""
+    condition it measured (``app.condition``)."""
     name = method_of_class(str(cfg.strategy._target_).rpartition(".")[2])
     tau = cfg.strategy.get("tau") if name in PERIODIC else None
     progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
@@ -75,19 +75,15 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "id": os.path.relpath(job_dir, Path(cfg.out_root).resolve()),
         "name": run_name(name, tau, workers, cfg.seed, progress),
         "group": cfg.group,
-        "experiment": cfg.name,
         "run_id": run_id,
         "method": name,
         "tau": tau,
         "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
         "workers": workers,
         "seed": cfg.seed,
-        "model": str(cfg.model.net._target_).rpartition(".")[2] if "net" in cfg.model else None,
-        "dataset": cfg.dataset.name,
-        "batch_size": cfg.data.batch_size,
         "global_batch_size": cfg.data.batch_size * workers,
-        # The link it really ran over is measured on the worker (``link``): without root a rate
-        # asked for runs unshaped.
+        # The link it really ran over is measured on the worker (``app.condition``): without root
+        # a rate asked for runs unshaped. Model, data and batch are the condition's.
         "rate_requested": cfg.launcher.get("rate"),
         "version": __version__,
         "git_commit": commit,

@@ -61,8 +61,8 @@ def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> A
     if str(node._target_).endswith("CSVLogger"):
         extra["version"] = _free_csv_version(job_dir / str(node.get("name", "csv")), node.get("version"))
     if str(node._target_).endswith("WandbLogger"):
-        method = identity["method"]
-        extra.update(name=identity["name"], mode=wandb_mode(), tags=[*node.get("tags", []), method], job_type=method)
+        method, tags = identity["method"], list(node.get("tags", []))
+        extra.update(name=identity["name"], mode=wandb_mode(), tags=[*tags, method], job_type=method)
     return instantiate(node, **extra)
 
 
@@ -89,9 +89,10 @@ def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
     logger.log_metrics(finals, step=step)
     timeline = record.get("timeline", [])
     if type(logger).__name__ == "WandbLogger":
-        baseline = {"final/speedup_baseline": record["speedup_baseline"]} if record.get("speedup_baseline") else {}
         points = [[p["seconds"], p["accuracy"]] for p in timeline]
-        logger.experiment.summary.update({**finals, **baseline, "final/timeline": points})
+        logger.experiment.summary.update({**finals, "final/timeline": points})
+        if record.get("speedup_baseline"):
+            logger.experiment.summary["final/speedup_baseline"] = record["speedup_baseline"]
         logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
         return
     for p in timeline:

@@ -5,8 +5,8 @@
 
 Runs are read from their run.json records (``app.runs``); a record that cannot be read is named on
 stderr and passed over. A row is one method (and CoCoD merge variant) at one tau under one
-condition (model, data, batch, workers, link, device, threads, precision: ``app.record``), over its
-seeds. Each run's speedup is recomputed from the records by the rule the runs themselves used
+condition (model, data, batch, workers, link, device, threads, precision: ``app.condition``), over
+its seeds. Each run's speedup is recomputed from the records by the rule the runs themselves used
 (``app.speedup``): S-SGD's steady step time at the same condition and seed over the run's.
 """
 
@@ -28,14 +28,18 @@ ACCURACY = "test acc (%)"  # validation runs on the test split: the table and th
 AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
 AXES["speedup"] = "speedup vs S-SGD (step time)"
 # Shown in columns of their own, so left out of the "condition" column.
-_OWN_COLUMNS = {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
+_OWN_COLUMNS = (
+    {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
+)
+Row = dict[str, Any]
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"config.data.batch_size": 32, ...}``: to name what differs between conditions."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {prefix + key: value})
+        nested = isinstance(value, dict) and value
+        out.update(_flat(value, f"{prefix}{key}.") if nested else {prefix + key: value})
     return out
 
 
@@ -45,24 +49,23 @@ def condition_labels(runs: list[Record]) -> dict[str | None, str]:
     conditions = {r["condition_id"]: _flat(r.get("condition") or {}) for r in runs if r.get("condition_id")}
     keys = sorted({k for c in conditions.values() for k in c} - _OWN_COLUMNS)
     differing = [k for k in keys if len({repr(c.get(k)) for c in conditions.values()}) > 1]
-    named = {cid: "; ".join(f"{k.partition('.')[2]}={c.get(k)}" for k in differing) for cid, c in conditions.items()}
-    return {None: "not recorded", **named}
+    labels: dict[str | None, str] = {None: "not recorded"}
+    for cid, c in conditions.items():
+        labels[cid] = "; ".join(f"{k.partition('.')[2]}={c.get(k)}" for k in differing)
+    return labels
 
 
-def _values(runs: list[Record], key: str, scale: float = 1.0) -> list[float]:
+def _stats(name: str, values: list[float]) -> Row:
+    """``name``: the mean (None without values); ``name_std``: the sample std; ``name_n``: how many."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {name: statistics.fmean(values) if values else None, f"{name}_std": std, f"{name}_n": len(values)}
+
+
+def _of(runs: list[Record], key: str, scale: float = 1.0) -> list[float]:
     return [scale * r[key] for r in runs if r.get(key) is not None]
 
 
-def _stats(name: str, values: list[float]) -> dict[str, Any]:
-    """``name``: the mean (None without values); ``name_std``: the sample std; ``name_n``: how many."""
-    return {
-        name: statistics.fmean(values) if values else None,
-        f"{name}_std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        f"{name}_n": len(values),
-    }
-
-
-def summarise(runs: list[Record]) -> list[dict[str, Any]]:
+def summarise(runs: list[Record]) -> list[Row]:
     """One row per (condition, method and its merge variant, tau) over seeds, in the table's order."""
     labels = condition_labels(runs)
     cells: dict[tuple, list[Record]] = defaultdict(list)
@@ -72,7 +75,7 @@ def summarise(runs: list[Record]) -> list[dict[str, Any]]:
         cells[(run.get("condition_id"), run["method"], progress, run.get("tau"))].append(run)
     rows = []
     for (cid, method, progress, tau), members in cells.items():
-        computed = [(speedup(member, runs)[0], member) for member in members]
+        speedups = [speedup(member, runs)[0] for member in members]
         variant = merge_variant(progress)
         rows.append(
             {
@@ -86,30 +89,31 @@ def summarise(runs: list[Record]) -> list[dict[str, Any]]:
                 "seeds": sorted({m["seed"] for m in members}),
                 "n": len(members),
                 "runs": members,
-                # Its own record said "unknown": its S-SGD run finished after it.
-                "late": sum(value is not None and m.get("speedup_vs_ssgd") is None for value, m in computed),
+                # The runs whose own record said "unknown": their S-SGD run finished after them.
+                "late": sum(
+                    s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members)
+                ),
                 "target": next((m["target_accuracy"] for m in members if m.get("target_accuracy")), None),
-                **_stats("acc", _values(members, "test_acc", 100)),
-                **_stats("step", _values(members, "steady_step_seconds")),
-                **_stats("speedup", [value for value, _ in computed if value is not None]),
-                **_stats("hidden", _values(members, "hidden_fraction")),
-                **_stats("to_target", _values(members, "time_to_target_seconds")),
+                **_stats("acc", _of(members, "test_acc", 100)),
+                **_stats("step", _of(members, "steady_step_seconds")),
+                **_stats("speedup", [s for s in speedups if s is not None]),
+                **_stats("hidden", _of(members, "hidden_fraction")),
+                **_stats("to_target", _of(members, "time_to_target_seconds")),
             }
         )
-    rows.sort(key=_order)
-    return rows
+
+    def order(r: Row) -> tuple:
+        """Conditions apart; methods in the table of methods' order, the default merge first; tau:
+        none, the periods, "auto"."""
+        tau = r["tau"]
+        method = (list(METHODS).index(r["method"]), -(r["progress"] or 0))
+        tau_order = (tau is not None, isinstance(tau, str), tau if isinstance(tau, int) else 0)
+        return (r["workers"], r["link"], r["condition"], *method, *tau_order)
+
+    return sorted(rows, key=order)
 
 
-def _order(row: dict[str, Any]) -> tuple:
-    """Conditions apart, methods in the table of methods' order, the default merge first, then tau:
-    none, the periods, "auto"."""
-    tau, methods = row["tau"], list(METHODS)
-    method = methods.index(row["method"]) if row["method"] in METHODS else len(methods)
-    where = (row["workers"], row["link"], row["condition"])
-    return (*where, method, -(row["progress"] or 0), tau is not None, isinstance(tau, str), tau if _is_int(tau) else 0)
-
-
-def _spread(row: dict[str, Any], name: str, fmt: str) -> str:
+def _spread(row: Row, name: str, fmt: str) -> str:
     """The mean alone for one run; else "mean ± std (n=k)", "(n=k of n)" when runs lack the figure."""
     mean, n, runs = row[name], row[f"{name}_n"], row["n"]
     if mean is None:
@@ -119,62 +123,50 @@ def _spread(row: dict[str, Any], name: str, fmt: str) -> str:
     return f"{mean:{fmt}} ± {row[name + '_std']:{fmt}} (n={n}{f' of {runs}' if n != runs else ''})"
 
 
-def _cells(r: dict[str, Any], with_condition: bool) -> list[str]:
-    if r["target"] is None:
-        to_target = "–"
-    elif r["to_target_n"]:
-        to_target = f"{r['to_target']:.1f} ({r['to_target_n']}/{r['n']})"
-    else:
-        to_target = f"not reached (0/{r['n']})"
-    return [
-        *(r["label"], "–" if r["tau"] is None else str(r["tau"]), str(r["workers"]), str(r["link"])),
-        *([r["condition"] or "–"] if with_condition else []),
-        ",".join(map(str, r["seeds"])),
-        _spread(r, "acc", ".2f"),
-        _spread(r, "step", ".4f"),
-        _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
-        "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
-        to_target,
-    ]
-
-
-def markdown(group: str, runs: list[Record], rows: list[dict[str, Any]], plots: list[str]) -> str:
+def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) -> str:
     target = next((r["target"] for r in rows if r["target"]), None)
     with_condition = any(r["condition"] for r in rows)
     headers = [
-        *("method", "tau", "workers", "link"),
-        *(["condition"] if with_condition else []),
-        *("seeds", ACCURACY, "steady step (s)", "speedup vs S-SGD", "hidden share"),
+        *("method", "tau", "workers", "link", *(["condition"] if with_condition else []), "seeds", ACCURACY),
+        *("steady step (s)", "speedup vs S-SGD", "hidden share"),
         f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)",
     ]
-    notes = []
-    if not any(r["method"] == "ssgd" for r in rows):
-        notes.append("No S-SGD run in this group: speedups and their plots need one (strategy=ssgd).")
-    if late := sum(r["late"] for r in rows):
-        notes.append(
-            f"\\* {late} run(s) finished before their S-SGD run: their own records and console lines say "
-            "the speedup was unknown; the figure here applies the same rule to all records."
-        )
-    if legacy := sum(not r.get("condition_id") for r in runs):
-        notes.append(f"{legacy} run(s) were recorded without their condition: no speedup is given for them.")
-    return "\n".join(
-        [
-            f"# {group}: {len(runs)} run(s)",
-            "",
-            "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
-            "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
-            "condition and seed over the run's; a run without such an S-SGD run has none.",
-            "",
-            "| " + " | ".join(headers) + " |",
-            "|" + "---|" * len(headers),
-            *("| " + " | ".join(_cells(r, with_condition)) + " |" for r in rows),
-            "",
-            f"Code: {', '.join(sorted({code_of(r) for r in runs}))}.",
-            *(f"\n{note}" for note in notes),
-            "",
-            *(f"![{Path(p).stem}]({p})" for p in plots),
+    lines = [
+        f"# {group}: {len(runs)} run(s)",
+        "",
+        "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
+        "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
+        "condition and seed over the run's; a run without such an S-SGD run has none.",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+    ]
+    for r in rows:
+        n, reached = r["n"], r["to_target_n"]
+        to_target = f"{r['to_target']:.1f} ({reached}/{n})" if reached else f"not reached (0/{n})"
+        cells = [
+            *(r["label"], "–" if r["tau"] is None else str(r["tau"]), str(r["workers"]), str(r["link"])),
+            *([r["condition"] or "–"] if with_condition else []),
+            ",".join(map(str, r["seeds"])),
+            _spread(r, "acc", ".2f"),
+            _spread(r, "step", ".4f"),
+            _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
+            "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
+            "–" if r["target"] is None else to_target,
         ]
-    ) + "\n"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Code: {', '.join(sorted({code_of(r) for r in runs}))}."]
+    if not any(r["method"] == "ssgd" for r in rows):
+        lines += ["", "No S-SGD run in this group: speedups and their plots need one (strategy=ssgd)."]
+    if late := sum(r["late"] for r in rows):
+        lines += [
+            "",
+            f"\\* {late} run(s) finished before their S-SGD run: their own records and console lines say "
+            "the speedup was unknown; the figure here applies the same rule to all records.",
+        ]
+    if legacy := sum(not r.get("condition_id") for r in runs):
+        lines += ["", f"{legacy} run(s) were recorded without their condition: no speedup is given for them."]
+    return "\n".join([*lines, "", *(f"![{Path(p).stem}]({p})" for p in plots)]) + "\n"
 
 
 def _save(fig: Any, path: Path) -> bool:
@@ -190,7 +182,7 @@ def _save(fig: Any, path: Path) -> bool:
     return True
 
 
-def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> bool:
+def plot_accuracy(rows: list[Row], path: Path) -> bool:
     """Validation accuracy against wall time, one line per row of the table (its seeds' timelines
     averaged point by point, over the validations all of them reached), a panel per worker count."""
     import matplotlib.pyplot as plt
@@ -208,16 +200,14 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path) -> bool:
             seconds = [statistics.fmean(p["seconds"] for p in k) for k in points]
             accuracy = [100 * statistics.fmean(p["accuracy"] for p in k) for k in points]
             name = r["label"] + (f" tau={r['tau']}" if r["tau"] is not None else "")
-            ax.plot(seconds, accuracy, marker=".", label=name + (f" ({r['condition']})" if r["condition"] else ""))
-        ax.set(
-            xlabel="wall time since the first step (s)",
-            ylabel="validation accuracy (%)",
-            title=f"{count} workers: accuracy against wall time (mean over seeds)",
-        )
+            name += f" ({r['condition']})" if r["condition"] else ""
+            ax.plot(seconds, accuracy, marker=".", label=name)
+        title = f"{count} workers: accuracy against wall time (mean over seeds)"
+        ax.set(xlabel="wall time since the first step (s)", ylabel="validation accuracy (%)", title=title)
     return _save(fig, path)
 
 
-def plot_against(rows: list[dict[str, Any]], x: str, y: str, path: Path) -> bool:
+def plot_against(rows: list[Row], x: str, y: str, path: Path) -> bool:
     """``y`` ("acc" or "speedup", mean ± std over seeds) against ``x`` ("tau" or "workers"), one line
     per method and all else, S-SGD as a dashed line; not drawn when ``x`` takes fewer than two
     values (an axis with one value says nothing)."""
@@ -227,9 +217,10 @@ def plot_against(rows: list[dict[str, Any]], x: str, y: str, path: Path) -> bool
     several_links = len({r["link"] for r in rows}) > 1
     lines: dict[str, list[tuple[Any, float, float]]] = defaultdict(list)
     for r in rows:  # in the table's order, so the legend's too
-        if r["method"] != "ssgd" and _is_int(r[x]) and r[y] is not None:
+        if r["method"] != "ssgd" and isinstance(r[x], int) and r[y] is not None:
             fixed = "" if r[other] is None else f"{'w' if other == 'workers' else other}={r[other]}"
-            key = " ".join(filter(None, [r["label"], fixed, several_links and f"link={r['link']}", r["condition"]]))
+            link = f"link={r['link']}" if several_links else ""
+            key = " ".join(filter(None, [r["label"], fixed, link, r["condition"]]))
             lines[key].append((r[x], r[y], r[f"{y}_std"]))
     xs = sorted({p[0] for points in lines.values() for p in points})
     if len(xs) < 2:
@@ -239,7 +230,7 @@ def plot_against(rows: list[dict[str, Any]], x: str, y: str, path: Path) -> bool
         at, mean, std = zip(*sorted(points))
         ax.errorbar(at, mean, yerr=std, marker="o", capsize=3, label=key)
     # S-SGD's speedup is 1 by definition; its accuracy depends on the workers.
-    ssgd = [(r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd" and r["acc"] is not None]
+    ssgd = [(r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd" and r["acc"]]
     for level, name in [(1.0, "S-SGD")] if y == "speedup" else ssgd:
         ax.axhline(level, linestyle="--", linewidth=1, color="grey")
         ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
@@ -250,14 +241,10 @@ def plot_against(rows: list[dict[str, Any]], x: str, y: str, path: Path) -> bool
     return _save(fig, path)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def write_report(group: str, runs: list[Record], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, stem = summarise(runs), group.replace("/", "_")
-    plots = [f"{stem}_accuracy_vs_time.png"] if plot_accuracy(rows, out / f"{stem}_accuracy_vs_time.png") else []
+    plots = [name] if plot_accuracy(rows, out / (name := f"{stem}_accuracy_vs_time.png")) else []
     for y, x in (("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
         name = f"{stem}_{'accuracy' if y == 'acc' else y}_vs_{x}.png"
         if plot_against(rows, x, y, out / name):
@@ -269,14 +256,18 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cocod-report", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run folders, sweep folders, output roots or run.json files")
+    what = "run folders, sweep folders, output roots or run.json files"
+    parser.add_argument("paths", nargs="+", type=Path, help=what)
     parser.add_argument("--group", help="only this group (default: one report per group found)")
-    parser.add_argument("--out", type=Path, help="where the .md and .png files go (default: <first path>/report)")
+    where = "where the .md and .png files go (default: <first path>/report)"
+    parser.add_argument("--out", type=Path, help=where)
     args = parser.parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")
-    runs = load_runs(args.paths, lambda path, why: print(f"cocod-report: skipped {path}: {why}", file=sys.stderr))
+    runs = load_runs(
+        args.paths, lambda path, why: print(f"cocod-report: skipped {path}: {why}", file=sys.stderr)
+    )
     runs = [r for r in runs if args.group in (None, r.get("group"))]
     if not runs:
         where = ", ".join(map(str, args.paths)) + (f" in group {args.group!r}" if args.group else "")
