@@ -28,7 +28,7 @@ def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
 
     try:
         top, commit = git("rev-parse", "--show-toplevel", "HEAD").splitlines() or ("", "")
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", False
     if not top or Path(top).resolve() != Path(path).resolve():
         return "unknown", False

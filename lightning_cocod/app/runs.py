@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import METHODS
 
-Record = dict[str, Any]
 Skipped = Callable[[Path, str], None]
 # Fields the report and the speedup rule compute with: a number or nothing.
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
@@ -24,7 +24,7 @@ def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
     return isinstance(value, kind) and not isinstance(value, bool)  # JSON's true is no number
 
 
-def problem(record: Any) -> str | None:
+def _problem(record: Any) -> str | None:
     """The first field of ``record`` that a run could not have written, named, or None."""
     if not isinstance(record, dict):
         return f"a record is a JSON object, not {type(record).__name__}"
@@ -53,7 +53,7 @@ def problem(record: Any) -> str | None:
 def read_record(path: Path) -> Record:
     """The record in ``path``; ValueError (or OSError) saying in one line why it is none."""
     record = json.loads(path.read_text())
-    why = problem(record)
+    why = _problem(record)
     if why:
         raise ValueError(why)
     return record
