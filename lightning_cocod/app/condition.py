@@ -47,12 +47,8 @@ def link(rate: str | None) -> str:
     return format_rate(parse_rate(rate)) if shaped else "unshaped"
 
 
-def device_name(accelerator: str) -> str:
-    """The GPU's name, or the CPU's model and core count (platform.processor() is "x86_64" on Linux)."""
-    import torch
-
-    if accelerator == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
+def cpu_name() -> str:
+    """The CPU's model and core count (platform.processor() says "x86_64" on Linux)."""
     try:
         with open("/proc/cpuinfo") as fh:
             models = [line.partition(":")[2].strip() for line in fh if line.startswith("model name")]
@@ -69,7 +65,7 @@ def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
     return {
         "link": link(rate),
         "threads": torch.get_num_threads(),
-        "device": device_name(accelerator),
+        "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu_name(),
         "accelerator": accelerator,
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,

@@ -230,7 +230,8 @@ def plot_against(rows: list[Row], x: str, y: str, path: Path) -> bool:
         at, mean, std = zip(*sorted(points))
         ax.errorbar(at, mean, yerr=std, marker="o", capsize=3, label=key)
     # S-SGD's speedup is 1 by definition; its accuracy depends on the workers.
-    ssgd = [(r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd" and r["acc"]]
+    ssgd = [(r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd"]
+    ssgd = [(level, name) for level, name in ssgd if level is not None]
     for level, name in [(1.0, "S-SGD")] if y == "speedup" else ssgd:
         ax.axhline(level, linestyle="--", linewidth=1, color="grey")
         ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
@@ -244,7 +245,8 @@ def plot_against(rows: list[Row], x: str, y: str, path: Path) -> bool:
 def write_report(group: str, runs: list[Record], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, stem = summarise(runs), group.replace("/", "_")
-    plots = [name] if plot_accuracy(rows, out / (name := f"{stem}_accuracy_vs_time.png")) else []
+    against_time = f"{stem}_accuracy_vs_time.png"
+    plots = [against_time] if plot_accuracy(rows, out / against_time) else []
     for y, x in (("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
         name = f"{stem}_{'accuracy' if y == 'acc' else y}_vs_{x}.png"
         if plot_against(rows, x, y, out / name):
@@ -256,11 +258,11 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cocod-report", description=__doc__.splitlines()[0])
-    what = "run folders, sweep folders, output roots or run.json files"
-    parser.add_argument("paths", nargs="+", type=Path, help=what)
+    paths_help = "run folders, sweep folders, output roots or run.json files"
+    parser.add_argument("paths", nargs="+", type=Path, help=paths_help)
     parser.add_argument("--group", help="only this group (default: one report per group found)")
-    where = "where the .md and .png files go (default: <first path>/report)"
-    parser.add_argument("--out", type=Path, help=where)
+    out_help = "where the .md and .png files go (default: <first path>/report)"
+    parser.add_argument("--out", type=Path, help=out_help)
     args = parser.parse_args(argv)
     import matplotlib
 
