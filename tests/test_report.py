@@ -149,11 +149,11 @@ def test_table_rows_by_hand(tmp_path):
     cocod_a = rows[("cocod", 4, "unshaped")]
     # S-SGD, unshaped: steps 2.0 and 2.2 (mean 2.1, sample std 0.1414); accuracy 91 ± 1.414
     assert ssgd_a["step"] == pytest.approx(2.1) and ssgd_a["step_std"] == pytest.approx(0.02**0.5)
-    assert ssgd_a["acc_mean"] == pytest.approx(91.0) and ssgd_a["acc_std"] == pytest.approx(2**0.5)
+    assert ssgd_a["acc"] == pytest.approx(91.0) and ssgd_a["acc_std"] == pytest.approx(2**0.5)
     assert ssgd_a["speedup"] == pytest.approx(1.0) and ssgd_b["step"] == pytest.approx(5.0)  # not merged
     # CoCoD tau=4 unshaped: per-seed speedups 2.0/0.8 = 2.5 and 2.2/1.1 = 2.0: mean 2.25, std 0.3536
     assert cocod_a["speedup"] == pytest.approx(2.25) and cocod_a["speedup_std"] == pytest.approx(0.125**0.5)
-    assert cocod_a["hidden"] == pytest.approx(0.85) and cocod_a["reached"] == 1
+    assert cocod_a["hidden"] == pytest.approx(0.85) and cocod_a["to_target_n"] == 1
     assert rows[("cocod", 4, "100mbit")]["speedup"] == pytest.approx(4.0)
     assert rows[("cocod", 8, "unshaped")]["speedup"] == pytest.approx(4.0)
     assert rows[("local_sgd", 4, "unshaped")]["speedup"] is None
@@ -234,19 +234,19 @@ def _captured_figures(monkeypatch) -> list:
 def test_plots_have_an_axis_only_with_two_values_and_name_accuracy_like_the_table(tmp_path, monkeypatch):
     figures = _captured_figures(monkeypatch)
     rows = report.summarise(RUNS)
-    assert report.plot_speedup(rows, "tau", tmp_path / "tau.png", "tau")
+    assert report.plot_against(rows, "tau", "speedup", tmp_path / "tau.png")
     (ax,) = figures[-1].axes
     assert list(ax.get_xticks()) == [4, 8]  # the values run, not a continuous 3.8-4.2 range
     one_tau = [r for r in rows if r["tau"] in (None, 4)]
-    assert not report.plot_speedup(one_tau, "tau", tmp_path / "tau1.png", "tau")
+    assert not report.plot_against(one_tau, "tau", "speedup", tmp_path / "tau1.png")
     assert not (tmp_path / "tau1.png").exists()
-    assert report.plot_accuracy(RUNS, tmp_path / "acc.png")
+    assert report.plot_accuracy(rows, tmp_path / "acc.png")
     # The timeline is what each epoch's validation measured; the table's figure is the test split's.
     assert figures[-1].axes[0].get_ylabel() == "validation accuracy (%)"
-    assert report.plot_accuracy_vs_tau(rows, tmp_path / "acc_tau.png")
+    assert report.plot_against(rows, "tau", "acc", tmp_path / "acc_tau.png")
     assert figures[-1].axes[0].get_ylabel() == report.ACCURACY == "test acc (%)"
-    assert "test acc (%)" in report.markdown("g", RUNS, rows, [], [])
-    assert not report.plot_accuracy_vs_tau(one_tau, tmp_path / "acc_tau1.png")
+    assert "test acc (%)" in report.markdown("g", RUNS, rows, [])
+    assert not report.plot_against(one_tau, "tau", "acc", tmp_path / "acc_tau1.png")
 
 
 def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypatch):
@@ -257,17 +257,17 @@ def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypa
     legacy = {k: v for k, v in run("cocod", 1, 0.8, 0.89, tau=4, finished=11).items() if k != "progress"}
     runs = [SSGD_A0, COCOD_A0, COCOD_A0_TAU8, half, legacy]
     rows = {(r["label"], r["tau"]): r for r in report.summarise(runs)}
-    assert rows[("CoCoD-SGD (progress 0.5)", 4)]["acc_mean"] == pytest.approx(88.0)
+    assert rows[("CoCoD-SGD (progress 0.5)", 4)]["acc"] == pytest.approx(88.0)
     paper = rows[("CoCoD-SGD", 4)]
-    assert paper["n"] == 2 and paper["acc_mean"] == pytest.approx(91.0) and paper["seeds"] == [0, 1]
+    assert paper["n"] == 2 and paper["acc"] == pytest.approx(91.0) and paper["seeds"] == [0, 1]
     figures = _captured_figures(monkeypatch)
-    assert report.plot_accuracy(runs, tmp_path / "acc.png")
+    assert report.plot_accuracy(report.summarise(runs), tmp_path / "acc.png")
     legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
     assert legend == ["S-SGD", "CoCoD-SGD tau=4", "CoCoD-SGD tau=8", "CoCoD-SGD (progress 0.5) tau=4"]
     # A line is the mean of its seeds' timelines: seeds 0 and 1 of the paper's merge, 93% and 89%.
     paper_line = figures[-1].axes[0].get_lines()[1]
     assert list(paper_line.get_ydata()) == pytest.approx([45.5, 91.0])
-    assert report.plot_accuracy_vs_tau(report.summarise(runs), tmp_path / "acc_tau.png")
+    assert report.plot_against(report.summarise(runs), "tau", "acc", tmp_path / "acc_tau.png")
     ax = figures[-1].axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["CoCoD-SGD w=2", "CoCoD-SGD (progress 0.5) w=2"]
@@ -275,55 +275,16 @@ def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypa
     assert points == [([4, 8], [pytest.approx(91.0), pytest.approx(92.0)]), ([4], [pytest.approx(88.0)])]
 
 
-def test_wandb_folders_csv_logs_and_run_records_are_read_and_merged(tmp_path):
-    cocod, ssgd, local = COCOD_A0, SSGD_A0, LOCAL_A2
-    identity_keys = ("id", "name", "group", "method", "tau", "workers", "seed", "target_accuracy")
-    identity_keys += ("condition", "condition_id")
-    files = tmp_path / "job1" / "wandb" / "run-20260101_000000-abc" / "files"
-    files.mkdir(parents=True)
-    (files / "config.yaml").write_text(
-        yaml.safe_dump(
-            {"_wandb": {"value": {}}, "run": {"desc": None, "value": {k: cocod[k] for k in identity_keys}}}
-        )
-    )
-    (files / "wandb-summary.json").write_text(
-        json.dumps(
-            {
-                "final/test_acc": 0.93,
-                "final/steady_step_seconds": 0.8,
-                "final/finished_at": 4.0,
-                "final/hidden_fraction": 0.9,
-                "final/timeline": [[7.0, 0.5], [14.0, 0.93]],
-                "train/loss": 0.1,
-            }
-        )
-    )
-    csv_dir = tmp_path / "job2" / "csv"
-    csv_dir.mkdir(parents=True)
-    (csv_dir / "hparams.yaml").write_text(
-        yaml.safe_dump({"lr": 0.1, "run": {k: ssgd[k] for k in identity_keys}})
-    )
-    (csv_dir / "metrics.csv").write_text(
-        "step,train/loss,final/test_acc,final/steady_step_seconds,final/finished_at,curve/seconds,curve/accuracy\n"
-        "1,2.3,,,,,\n20,,0.9,2.0,1.0,,\n10,,,,,20.0,0.45\n20,,,,,40.0,0.9\n"
-    )
-    write_runs(tmp_path / "job4", [local])
-    # The same local_sgd run again, as a run.json missing its step time.
-    (tmp_path / "job3").mkdir()
-    (tmp_path / "job3" / "run.json").write_text(json.dumps({**local, "steady_step_seconds": None}))
-
-    runs = {r["method"]: r for r in load_runs([tmp_path])}
-    assert set(runs) == {"cocod", "ssgd", "local_sgd"}
-    assert runs["cocod"]["test_acc"] == 0.93 and runs["cocod"]["timeline"][1] == {
-        "seconds": 14.0,
-        "accuracy": 0.93,
-    }
-    assert runs["ssgd"]["steady_step_seconds"] == 2.0 and [
-        p["seconds"] for p in runs["ssgd"]["timeline"]
-    ] == [20.0, 40.0]
-    assert runs["local_sgd"]["steady_step_seconds"] == 1.0  # filled in from its other record
-    # The speedup follows from the merged records: S-SGD (CSV) over CoCoD (wandb), same condition and seed.
-    assert speedup(runs["cocod"], runs.values()) == (pytest.approx(2.0 / 0.8), ssgd["id"])
+def test_the_records_are_the_run_json_files_each_read_once(tmp_path):
+    # A run named twice (its sweep's folder, then its own run.json) counts once; a logger's files
+    # hold no record (run.json is the one record of a run).
+    write_runs(tmp_path / "out", [SSGD_A0, COCOD_A0])
+    logs = tmp_path / "out" / "g" / "csv"
+    logs.mkdir()
+    (logs / "metrics.csv").write_text("step,final/test_acc,final/steady_step_seconds\n1,0.5,1.0\n")
+    (logs / "hparams.yaml").write_text(yaml.safe_dump({"run": dict(LOCAL_A2, test_acc=None)}))
+    runs = load_runs([tmp_path / "out", tmp_path / "out" / COCOD_A0["id"] / "run.json"])
+    assert sorted(runs, key=lambda r: r["id"]) == sorted([SSGD_A0, COCOD_A0], key=lambda r: r["id"])
 
 
 def test_no_runs_is_a_clear_error(tmp_path, capsys):

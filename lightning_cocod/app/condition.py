@@ -16,6 +16,7 @@ import os
 import platform
 from typing import Any
 
+NETNS_ENV = "COCOD_LAUNCHER_NETNS"  # the launcher's network namespace, told to the workers it starts
 # What does not set a run's speed, or is the method itself (strategy, tau, proportional sampling).
 NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
     None: (
@@ -27,7 +28,6 @@ NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
     "data": ("root", "download", "seed"),
     "trainer": ("enable_progress_bar", "enable_model_summary"),
 }
-NETNS_ENV = "COCOD_LAUNCHER_NETNS"
 
 
 def net_namespace() -> str | None:
@@ -39,7 +39,7 @@ def net_namespace() -> str | None:
 
 def link(rate: str | None) -> str:
     """The link this rank really talks over: ``rate`` when the launcher put it in a shaped
-    namespace (a namespace other than the launcher's), else "unshaped"."""
+    namespace (a namespace other than the launcher's, named in NETNS_ENV), else "unshaped"."""
     from lightning_cocod.launch.netns import format_rate, parse_rate
 
     launcher_ns = os.environ.get(NETNS_ENV)
@@ -47,19 +47,14 @@ def link(rate: str | None) -> str:
     return format_rate(parse_rate(rate)) if shaped else "unshaped"
 
 
-def device_name(accelerator: str) -> str:
-    import torch
-
-    if accelerator in ("gpu", "cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
+def cpu_name() -> str:
+    """The CPU's model and core count (platform.processor() says "x86_64" on Linux)."""
     try:
         with open("/proc/cpuinfo") as fh:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None
-            )
+            models = [line.partition(":")[2].strip() for line in fh if line.startswith("model name")]
     except OSError:
-        model = None
-    return f"{model or platform.processor() or platform.machine()} x{os.cpu_count()}"
+        models = []
+    return f"{(models or [platform.processor() or platform.machine()])[0]} x{os.cpu_count()}"
 
 
 def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
@@ -70,7 +65,7 @@ def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
     return {
         "link": link(rate),
         "threads": torch.get_num_threads(),
-        "device": device_name("gpu" if accelerator == "cuda" else accelerator),
+        "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu_name(),
         "accelerator": accelerator,
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,
@@ -83,24 +78,11 @@ def condition(config: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     kept = copy.deepcopy(config)
     for section, keys in NOT_CONDITION.items():
         node = kept if section is None else kept.get(section)
-        if isinstance(node, dict):
-            for key in keys:
-                node.pop(key, None)
+        for key in keys if isinstance(node, dict) else ():
+            node.pop(key, None)
     return {"config": kept, "measured": dict(facts)}
 
 
 def condition_id(cond: dict[str, Any]) -> str:
     text = json.dumps(cond, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def flat(cond: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"config.data.batch_size": 32, ...}``: the report names what differs between conditions."""
-    out: dict[str, Any] = {}
-    for key, value in cond.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out

@@ -1,4 +1,4 @@
-"""Who a run is: its id, name, method and sizes, and the code it ran (git commit)."""
+"""Who a run is: its id, name, method and sizes, and the code it ran (version, git commit)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lightning_cocod import __version__
-from lightning_cocod.app.checks import PERIODIC, method_of
+from lightning_cocod.methods import PERIODIC, method_of_class
 
 _SOURCE = Path(__file__).resolve().parents[2]
 
@@ -21,76 +21,18 @@ def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
     Only the root counts: an installed package lives in site-packages, often inside a virtualenv
     inside the user's own repository, whose commit says nothing about this code.
     """
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
+        return done.stdout if done.returncode == 0 else ""
+
     try:
-        top, commit = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--show-toplevel", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.splitlines()
-        if Path(top).resolve() != Path(path).resolve():
-            return "unknown", False
-        status = subprocess.run(
-            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
+        top, commit = git("rev-parse", "--show-toplevel", "HEAD").splitlines() or ("", "")
     except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", False
-    return commit or "unknown", bool(status.strip())
-
-
-def world_size(cfg: DictConfig) -> int:
-    return int(cfg.launcher.devices) * int(cfg.launcher.num_nodes)
-
-
-def run_name(method: str, tau: Any, workers: int, seed: int, progress: float | None = None) -> str:
-    """``cocod-tau4-w2-s0``; a CoCoD merge other than the default adds ``-progress1``."""
-    from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
-
-    variant = f"-progress{progress:g}" if progress is not None and progress != DEFAULT_PROGRESS else ""
-    return f"{method}{f'-tau{tau}' if tau is not None else ''}{variant}-w{workers}-s{seed}"
-
-
-def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
-    """What every record of this run carries (run.json, logger config); the worker adds
-    the condition it measured (``app.condition``)."""
-    out_root = Path(cfg.out_root).resolve()
-    method = method_of(cfg.strategy)
-    tau = cfg.strategy.get("tau") if method in PERIODIC else None
-    progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
-    workers = world_size(cfg)
-    commit, dirty = git_commit()
-    try:
-        run = os.path.relpath(job_dir, out_root)
-    except ValueError:  # another drive
-        run = str(job_dir)
-    return {
-        "id": run,
-        "name": run_name(method, tau, workers, cfg.seed, progress),
-        "group": cfg.group,
-        "experiment": cfg.name,
-        "run_id": run_id,
-        "method": method,
-        "tau": tau,
-        "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
-        "workers": workers,
-        "seed": cfg.seed,
-        "model": str(cfg.model.net._target_).rpartition(".")[2] if "net" in cfg.model else None,
-        "dataset": cfg.dataset.name,
-        "batch_size": cfg.data.batch_size,
-        "global_batch_size": cfg.data.batch_size * workers,
-        # The link it really ran over is measured on the worker (app.condition): without root a
-        # rate asked for runs unshaped.
-        "rate_requested": cfg.launcher.get("rate"),
-        "version": __version__,
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "dir": str(job_dir),
-    }
+    if not top or Path(top).resolve() != Path(path).resolve():
+        return "unknown", False
+    return commit, bool(git("status", "--porcelain", "--untracked-files=no").strip())
 
 
 def code_of(record: dict[str, Any]) -> str:
@@ -98,7 +40,53 @@ def code_of(record: dict[str, Any]) -> str:
     its commit when it ran from a checkout (runs recorded before versions were kept: the commit)."""
     commit = record.get("git_commit", "unknown")
     git = None if commit == "unknown" else f"git {commit}{'+dirty' if record.get('git_dirty') else ''}"
-    version = record.get("version")
-    if version is None:
+    if record.get("version") is None:
         return git or "unknown"
-    return f"lightning_cocod {version}" + (f" ({git})" if git else "")
+    return f"lightning_cocod {record['version']}" + (f" ({git})" if git else "")
+
+
+def merge_variant(progress: float | None) -> str | None:
+    """"progress 0.5" for a CoCoD merge other than the default; run names and report labels add it."""
+    from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
+
+    return None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
+
+
+def run_name(method: str, tau: Any, workers: int, seed: int, progress: float | None = None) -> str:
+    """``cocod-tau4-w2-s0``; a CoCoD merge other than the default adds ``-progress0.5``."""
+    variant = merge_variant(progress)
+    period = f"-tau{tau}" if tau is not None else ""
+    return f"{method}{period}{'-' + variant.replace(' ', '') if variant else ''}-w{workers}-s{seed}"
+
+
+def world_size(cfg: DictConfig) -> int:
+    return int(cfg.launcher.devices) * int(cfg.launcher.num_nodes)
+
+
+def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
+    """What every record of this run carries (run.json, logger config); the worker adds the
+    condition it measured (``app.condition``)."""
+    name = method_of_class(str(cfg.strategy._target_).rpartition(".")[2])
+    tau = cfg.strategy.get("tau") if name in PERIODIC else None
+    progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
+    workers = world_size(cfg)
+    commit, dirty = git_commit()
+    return {
+        "id": os.path.relpath(job_dir, Path(cfg.out_root).resolve()),
+        "name": run_name(name, tau, workers, cfg.seed, progress),
+        "group": cfg.group,
+        "run_id": run_id,
+        "method": name,
+        "tau": tau,
+        "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
+        "workers": workers,
+        "seed": cfg.seed,
+        "global_batch_size": cfg.data.batch_size * workers,
+        # The link it really ran over is measured on the worker (``app.condition``): without root
+        # a rate asked for runs unshaped. Model, data and batch are the condition's.
+        "rate_requested": cfg.launcher.get("rate"),
+        "version": __version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "dir": str(job_dir),
+    }

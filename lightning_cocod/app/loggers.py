@@ -12,27 +12,11 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 FINAL_KEYS = (
-    "test_acc",
-    "steady_step_seconds",
-    "samples_per_second",
-    "train_seconds",
-    "time_to_target_seconds",
-    "hidden_fraction",
-    "comm_seconds",
-    "exposed_seconds",
-    "rounds",
-    "speedup_vs_ssgd",
+    *("test_acc", "steady_step_seconds", "samples_per_second", "train_seconds", "time_to_target_seconds"),
+    *("hidden_fraction", "comm_seconds", "exposed_seconds", "rounds", "speedup_vs_ssgd"),
     "finished_at",  # Unix time: which of two S-SGD runs of one condition came first
 )
 REDACTED = "<redacted>"
-
-
-def _has_netrc_key(env: Mapping[str, str]) -> bool:
-    host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
-    try:
-        return netrc.netrc(env.get("NETRC") or None).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 def wandb_mode(env: Mapping[str, str] = os.environ) -> str:
@@ -42,13 +26,16 @@ def wandb_mode(env: Mapping[str, str] = os.environ) -> str:
         return env["WANDB_MODE"]
     if "PYTEST_CURRENT_TEST" in env:
         return "disabled"
-    if env.get("WANDB_API_KEY") or _has_netrc_key(env):
-        return "online"
-    return "offline"
+    host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        in_netrc = netrc.netrc(env.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        in_netrc = False
+    return "online" if env.get("WANDB_API_KEY") or in_netrc else "offline"
 
 
 def redact(value: Any, secret: str | None = None) -> Any:
-    """``value`` with any string equal to the wandb API key replaced, so a config that interpolates
+    """``value`` with any string holding the wandb API key replaced, so a config that interpolates
     it (``${oc.env:WANDB_API_KEY}``) can still be saved and logged."""
     secret = os.environ.get("WANDB_API_KEY") if secret is None else secret
     if isinstance(value, dict):
@@ -56,6 +43,12 @@ def redact(value: Any, secret: str | None = None) -> Any:
     if isinstance(value, list):
         return [redact(v, secret) for v in value]
     return REDACTED if secret and isinstance(value, str) and secret in value else value
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(plain, dict)
+    return plain
 
 
 def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> Any:
@@ -68,12 +61,8 @@ def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> A
     if str(node._target_).endswith("CSVLogger"):
         extra["version"] = _free_csv_version(job_dir / str(node.get("name", "csv")), node.get("version"))
     if str(node._target_).endswith("WandbLogger"):
-        extra.update(
-            name=identity["name"],
-            mode=wandb_mode(),
-            tags=[*node.get("tags", []), identity["method"]],
-            job_type=identity["method"],
-        )
+        method, tags = identity["method"], list(node.get("tags", []))
+        extra.update(name=identity["name"], mode=wandb_mode(), tags=[*tags, method], job_type=method)
     return instantiate(node, **extra)
 
 
@@ -81,17 +70,8 @@ def _free_csv_version(folder: Path, version: Any) -> Any:
     """``version``, unless its folder already holds a metrics.csv (a resumed run, or a new one in
     the same run folder): Lightning's CSV writer would delete that file, so the next free
     ``v1``, ``v2``, ... beside it, as checkpoints get last-v1.ckpt. (None: Lightning numbers.)"""
-
-    def taken(name: Any) -> bool:
-        return (folder / str(name) / "metrics.csv").exists()
-
-    if version is None or not taken(version):
-        return version
-    return next(f"v{n}" for n in range(1, 10_000) if not taken(f"v{n}"))
-
-
-def is_wandb(logger: Any) -> bool:
-    return type(logger).__name__ == "WandbLogger"
+    taken = [version, *(f"v{n}" for n in range(1, 10_000))]
+    return next(v for v in taken if v is None or not (folder / str(v) / "metrics.csv").exists())
 
 
 def log_start(logger: Any, identity: dict[str, Any], config: dict[str, Any]) -> None:
@@ -107,22 +87,14 @@ def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
         return
     finals = {f"final/{k}": float(record[k]) for k in FINAL_KEYS if record.get(k) is not None}
     logger.log_metrics(finals, step=step)
-    points = [[p["seconds"], p["accuracy"]] for p in record.get("timeline", [])]
-    if is_wandb(logger):
-        baseline = (
-            {"final/speedup_baseline": record["speedup_baseline"]} if record.get("speedup_baseline") else {}
-        )
-        logger.experiment.summary.update({**finals, **baseline, "final/timeline": points})
+    timeline = record.get("timeline", [])
+    if type(logger).__name__ == "WandbLogger":
+        points = [[p["seconds"], p["accuracy"]] for p in timeline]
+        logger.experiment.summary.update({**finals, "final/timeline": points})
+        if record.get("speedup_baseline"):
+            logger.experiment.summary["final/speedup_baseline"] = record["speedup_baseline"]
         logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
         return
-    for point in record.get("timeline", []):
-        logger.log_metrics(
-            {"curve/seconds": point["seconds"], "curve/accuracy": point["accuracy"]}, step=point["step"]
-        )
+    for p in timeline:
+        logger.log_metrics({"curve/seconds": p["seconds"], "curve/accuracy": p["accuracy"]}, step=p["step"])
     logger.save()
-
-
-def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
-    return plain

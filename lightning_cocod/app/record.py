@@ -1,10 +1,10 @@
 """A run's files: what its workers start from, and the record of a finished run.
 
 ``workers/job.yaml`` and ``workers/identity.json`` are what the cpu/gpu launchers hand the
-ranks. ``resolved.yaml`` (the config, the git commit on its first line) and ``run.json`` (the
-record ``fit_run`` computes) describe a finished run: they are written when it ends, and at the
-start only where the folder has none yet, so a resumed run that fails leaves the records of the
-run it continued as they were.
+ranks. ``resolved.yaml`` (the config, the code on its first line) and ``run.json`` (the record
+``fit_run`` computes: identity, condition, final figures; ``app.runs`` reads it back) describe a
+finished run: they are written when it ends, and at the start only where the folder has none
+yet, so a resumed run that fails leaves the records of the run it continued as they were.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from omegaconf import OmegaConf
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of
 
-JOB_CONFIG = "workers/job.yaml"
-JOB_IDENTITY = "workers/identity.json"
+JOB_CONFIG, JOB_IDENTITY = "workers/job.yaml", "workers/identity.json"
 
 
-def resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:
+def _resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:
     return f"# code: {code_of(identity)}\n" + OmegaConf.to_yaml(OmegaConf.create(config))
 
 
 def write_start(job_dir: Path, config: dict[str, Any], identity: dict[str, Any]) -> None:
     """The workers' inputs; ``resolved.yaml`` too when this folder holds no run yet."""
-    text = resolved_yaml(config, identity)
+    text = _resolved_yaml(config, identity)
     atomic_write(job_dir / JOB_CONFIG, text)
     atomic_write(job_dir / JOB_IDENTITY, json.dumps(identity, indent=1))
     if not (job_dir / "resolved.yaml").exists():
@@ -40,5 +39,5 @@ def read_start(job_dir: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def write_finished(job_dir: Path, config: dict[str, Any], record: dict[str, Any]) -> None:
-    atomic_write(job_dir / "resolved.yaml", resolved_yaml(config, record))
+    atomic_write(job_dir / "resolved.yaml", _resolved_yaml(config, record))
     atomic_write(job_dir / "run.json", json.dumps(record, indent=1))
