@@ -71,20 +71,6 @@ class StepTimer(Callback):
     def elapsed(self) -> float:
         return 0.0 if self.started is None else time.perf_counter() - self.started
 
-    def steady_step_seconds(self, warmup_steps: int, period: int = 1) -> float:
-        return steady_step_seconds(self.step_ends, warmup_steps, period)
-
-
-def steady_step_seconds(step_ends: list[float], warmup_steps: int, period: int = 1) -> float:
-    """Mean step time over whole periods after the warm-up, so round-boundary waits count in full."""
-    usable = (len(step_ends) - warmup_steps) // period * period
-    if warmup_steps < 1 or usable < 1:
-        raise ValueError(
-            f"{len(step_ends)} steps leave no whole period of {period} after {warmup_steps} warm-up steps: "
-            "run more steps"
-        )
-    return (step_ends[warmup_steps - 1 + usable] - step_ends[warmup_steps - 1]) / usable
-
 
 class AccuracyTimeline(Callback):
     """Records (wall seconds, epoch, step, accuracy) after every validation and logs the time to
