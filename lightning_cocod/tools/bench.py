@@ -46,6 +46,7 @@ from lightning_cocod.launch import TOPOLOGIES, LatencyUnsupported, format_latenc
 from lightning_cocod.launch.cluster import measured_round_trip
 from lightning_cocod.methods import METHODS, PERIODIC
 from lightning_cocod.tools.compare import (
+    ADAPTIVE,
     BOUND,
     BOUND_LABEL,
     label,
@@ -69,7 +70,7 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     for option in options:
         if option == "ps" and name in PERIODIC:
             spec["proportional"] = True
-        elif option == "auto" and name == "cocod":
+        elif option == "auto" and name == ADAPTIVE:
             spec["tau"] = "auto"
         elif option.isdigit() and int(option) >= 1 and name in PERIODIC:
             spec["tau"] = int(option)
