@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
-from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.figures import markdown_table
+from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
 from lightning_cocod.methods import METHODS, PERIODIC
 from lightning_cocod.tools.compare import ADAPTIVE, BOUND, label, parse_worker_counts, read_rate
