@@ -1,5 +1,6 @@
-"""What the demo and the benchmark share: how a run is named, link rates as people write them,
-one method's workers run with a progress line, and the plots.
+"""What the measurement tools share: how a run is named, the options they read alike (link rates
+as people write them, worker counts, least values), one method's workers run with a progress
+line, and the plots.
 
 Imports no torch and no Lightning (``cocod-plan`` reads its rates here); matplotlib only to plot.
 """

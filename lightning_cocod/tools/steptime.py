@@ -172,18 +172,13 @@ def product_seconds(
 def allreduce_worker(spec_json: str) -> dict[str, Any]:
     """One rank of ``--allreduce``: the strategies' collective (scale, then a SUM all-reduce of one
     flat buffer of the model's size), launch to completion, on the benchmark's placement."""
-
     spec = json.loads(spec_json)
     world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
     record = placement(
         spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)
     )["record"]
-    device = (
-        torch.device("cpu")
-        if spec["accelerator"] == "cpu"
-        else device_for("gpu", 0 if record["ranks_per_device"] > 1 else rank)
-    )
+    device = device_for(spec["accelerator"], 0 if record["ranks_per_device"] > 1 else rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(record["backend"] or "gloo", rank=rank, world_size=world_size)  # "or": one rank
