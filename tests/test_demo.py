@@ -37,7 +37,7 @@ def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     ("module", "argv", "message"),
     [
         (demo, ["--rate", "3 mbps"], "rate '3 mbps'"),
-        (demo, ["--methods", "cocod,fast"], "--methods fast not understood; accepted: ssgd, pipe_sgd, local_sgd, cocod"),
+        (demo, ["--methods", "cocod,fast"], "--methods fast not understood; accepted: ssgd, pipe_sgd, local_sgd"),
         (demo, ["--workers", "1"], "--workers must be at least 2, got 1"),
         (bench, ["--rates", "100mbit,lots"], "rate 'lots'"),
         (bench, ["--steps", "5"], "--steps 5 is too few"),

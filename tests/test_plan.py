@@ -262,9 +262,9 @@ def test_help_shows_every_default_and_the_required_step_time(capsys):
         plan.main(["--help"])
     assert info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
-    for default in ("(default: 16)", "(default: 10gbit)", "(default: 50us)", "(default: resnet18)",
-                    "(default: 4)", "(default: 0.0)", "(default: gpu)", "(default: 0.956", "(default: pernode)"):
-        assert default in text
+    defaults = ["16", "10gbit", "50us", "resnet18", "4", "0.0", "gpu", "0.956", "pernode"]
+    for default in defaults:
+        assert f"(default: {default}" in text
     assert "required, unless --validate: --step-ms" in text
 
 

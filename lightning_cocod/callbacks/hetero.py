@@ -106,9 +106,10 @@ class ProportionalSampling(Callback):
             if not _positive_int(value):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         sizes = list(batch_sizes or [])
-        if batch_sizes is not None and (not all(map(_positive_int, sizes)) or sum(sizes) != global_batch_size):
+        if batch_sizes is not None and not (all(map(_positive_int, sizes)) and sum(sizes) == global_batch_size):
             raise ValueError(
-                f"batch_sizes {sizes} must be positive integers summing to global_batch_size={global_batch_size}"
+                f"batch_sizes {sizes} must be positive integers summing to "
+                f"global_batch_size={global_batch_size}"
             )
         self.global_batch_size = global_batch_size
         self.fixed = list(batch_sizes) if batch_sizes is not None else None

@@ -137,7 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             # NCCL between GPUs of one machine never crosses a shaped loopback.
             args.rates = "none" if args.accelerator == "gpu" else "300mbit"
         args.rate_bps = [read_rate(r) for r in args.rates.split(",") if r.strip()]
-        args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]  # as the launchers read them
+        # As the launchers read them: tc's own spelling.
+        args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
         args.latency_seconds = parse_latency(args.latency)
     except ValueError as err:
         parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))

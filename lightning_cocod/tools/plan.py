@@ -174,7 +174,8 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
     recommendation: the period that hides communication, and what tau="auto" does about it."""
     ssgd = step_seconds(s, "ssgd")
-    entries = [(BOUND, None), *((name, tau if m.periodic else None) for name, m in METHODS.items()), (ADAPTIVE, "auto")]
+    periods = [(name, tau if m.periodic else None) for name, m in METHODS.items()]
+    entries = [(BOUND, None), *periods, (ADAPTIVE, "auto")]
     rows = []
     for method, period in entries:
         seconds, used = predict(s, method, period if period is not None else 1, tau_max)
@@ -235,7 +236,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--device", default="gpu", choices=sorted(ROUND_BYTES_PER_SECOND), help="what the round's own work runs on"
     )
     parser.add_argument(
-        "--efficiency", type=float, default=EFFICIENCY, help="payload share of the link rate (default: %(default).3f, TCP/IP over Ethernet)",
+        "--efficiency", type=float, default=EFFICIENCY,
+        help="payload share of the link rate (default: %(default).3f, TCP/IP over Ethernet)",
     )
     parser.add_argument(
         "--topology", default="pernode", choices=TOPOLOGIES,
