@@ -85,7 +85,7 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
     bound_steps = iter([1.0, 1.0, 3.0, 1.2])  # one slow outlier; the median (1.1) ignores it
     calls = []
 
-    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
+    def fake_run_method(spec, workers, rate, out, timeout_s=0, suffix="", topology="loopback", latency=None):
         calls.append(spec["method"] + (f"-{spec['tau']}" if spec["method"] == "cocod" else ""))
         if spec["method"] == "bound":
             return [rank_result([next(bound_steps)] * 12)] * workers
@@ -103,7 +103,7 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
     assert calls == ["bound", "cocod-13", "bound", "ssgd", "bound", "cocod-4", "bound"]
     assert figures["bound"]["step_seconds"] == pytest.approx(1.1)
     assert figures["overhead"]["vs_bound"] == pytest.approx(1.0)
-    ssgd, cocod = (figures["methods"][name][str(300_000_000)] for name in ("S-SGD (Lightning DDP)", "CoCoD-SGD tau=4"))
+    ssgd, cocod = (figures["methods"][name][str(300_000_000)] for name in ("S-SGD", "CoCoD-SGD tau=4"))
     assert ssgd["vs_bound"] == pytest.approx(3.0) and cocod["vs_bound"] == pytest.approx(1.1)
     assert cocod["vs_ssgd"] == pytest.approx(3.3 / 1.21) and ssgd["vs_ssgd"] == pytest.approx(1.0)
 
@@ -157,7 +157,7 @@ def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypat
 
     calls = []
 
-    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
+    def fake_run_method(spec, workers, rate, out, timeout_s=0, suffix="", topology="loopback", latency=None):
         calls.append((spec["method"], workers, rate, topology, latency))
         return [rank_result([1.0 if spec["method"] == "bound" else 2.0] * 12)] * workers
 
@@ -172,7 +172,7 @@ def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypat
     assert all(c[1] == 4 for c in calls)
     assert {c[2:] for c in calls if c[0] != "bound"} == {("10mbit", "pernode", None), ("50mbit", "pernode", None)}
     assert {c[2:] for c in calls if c[0] == "bound"} == {(None, "loopback", None)}
-    ssgd = figures["methods"]["S-SGD (Lightning DDP)"][str(10_000_000)]
+    ssgd = figures["methods"]["S-SGD"][str(10_000_000)]
     assert ssgd["method"] == "ssgd" and ssgd["tau"] is None and ssgd["vs_bound"] == pytest.approx(2.0)
 
 
@@ -206,7 +206,7 @@ def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tm
 
     sent = []
 
-    def fake_run_method(spec, workers, rate, out, total="", timeout_s=0, suffix="", topology="loopback", latency=None):
+    def fake_run_method(spec, workers, rate, out, timeout_s=0, suffix="", topology="loopback", latency=None):
         sent.append(spec)
         if spec["method"] == "bound":
             return [rank_result([1.0] * 12)] * workers

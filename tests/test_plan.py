@@ -222,11 +222,12 @@ def test_the_recommendation_gives_the_hiding_period_and_what_auto_does_with_it(c
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--bandwidth", "10gbps", "--step-ms", "60"], "rate '10gbps' is not understood"),
+        (["--bandwidth", "10 gbit", "--step-ms", "60"], "rate '10 gbit' is not understood; accepted: "),
+        (["--bandwidth", "10GB", "--step-ms", "60"], "e.g. 100mbit, 100Mbps, 1.5gbit, 10Gbps, or 'none'"),
         (["--bandwidth", "none", "--step-ms", "60"], "a plan needs a finite rate"),
         (["--latency", "5 us", "--step-ms", "60"], "latency '5 us' is not understood"),
         (["--workers", "1", "--step-ms", "60"], "--workers '1' is not understood"),
-        (["--workers", "x", "--step-ms", "60"], "--workers: not a count"),
+        (["--workers", "x", "--step-ms", "60"], "--workers 'x' is not understood: give counts of at least 2"),
         ([], "--step-ms (compute per step, ms) is required"),
         (["--step-ms", "60", "--jitter", "2"], "--jitter is a coefficient of variation"),
         (["--step-ms", "60", "--tau-max", "0"], '--tau-max must be at least 1 (the longest period of tau="auto")'),
@@ -240,6 +241,31 @@ def test_bad_input_is_a_one_line_error(argv, message, capsys):
     assert info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "text, bits_per_second",
+    [
+        ("10gbit", "10gbit"), ("10Gbit", "10gbit"), ("10Gbps", "10gbit"), ("10gbps", "10gbit"),
+        ("100mbit", "100mbit"), ("100Mbps", "100mbit"), ("1.5gbit", "1.5gbit"), ("500KBPS", "500kbit"),
+    ],
+)
+def test_link_rates_take_the_usual_spellings_all_in_bits_per_second(text, bits_per_second, capsys):
+    assert plan.main(["--workers", "16", "--step-ms", "60", "--bandwidth", text]) == 0
+    assert f", {bits_per_second} per node (pernode)," in capsys.readouterr().out
+
+
+@pytest.mark.timeout(10)
+def test_help_shows_every_default_and_the_required_step_time(capsys):
+    with pytest.raises(SystemExit) as info:
+        plan.main(["--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    defaults = ["16", "10gbit", "50us", "resnet18", "4", "0.0", "gpu", "0.956", "pernode"]
+    for default in defaults:
+        assert f"(default: {default}" in text
+    assert "required, unless --validate: --step-ms" in text
 
 
 @pytest.mark.timeout(10)

@@ -7,8 +7,8 @@ from lightning_cocod.callbacks.metrics import (
     PeriodicCheckpoint,
     ProgressLine,
     StepTimer,
-    steady_step_seconds,
 )
+from lightning_cocod.figures import steady_step_seconds  # where app/fit.py still looks for it
 
 __all__ = [
     "AccuracyTimeline",

@@ -16,10 +16,15 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities.data import extract_batch_size
 
 from lightning_cocod.core.adapt import proportional_split
 
 log = logging.getLogger(__name__)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def check_slowdowns(factors: Sequence[float], world_size: int | None = None) -> list[float]:
@@ -97,16 +102,15 @@ class ProportionalSampling(Callback):
     def __init__(
         self, global_batch_size: int, batch_sizes: Sequence[int] | None = None, every_n_epochs: int = 1
     ) -> None:
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be a positive integer, got {every_n_epochs!r}")
-        if batch_sizes is not None:
-            sizes = list(batch_sizes)
-            if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes) or sum(sizes) != global_batch_size:
-                raise ValueError(
-                    f"batch_sizes {sizes} must be positive integers summing to global_batch_size={global_batch_size}"
-                )
+        for name, value in (("global_batch_size", global_batch_size), ("every_n_epochs", every_n_epochs)):
+            if not _positive_int(value):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        sizes = list(batch_sizes or [])
+        if batch_sizes is not None and not (all(map(_positive_int, sizes)) and sum(sizes) == global_batch_size):
+            raise ValueError(
+                f"batch_sizes {sizes} must be positive integers summing to "
+                f"global_batch_size={global_batch_size}"
+            )
         self.global_batch_size = global_batch_size
         self.fixed = list(batch_sizes) if batch_sizes is not None else None
         self.every_n_epochs = every_n_epochs
@@ -169,7 +173,7 @@ class ProportionalSampling(Callback):
         now, exposed = time.perf_counter(), self._exposed(trainer)
         if getattr(self, "_last_end", None) is not None:
             self._seconds += now - self._last_end - (exposed - self._exposed_at_end)
-            self._samples += len(batch[0])
+            self._samples += extract_batch_size(batch)
         self._last_end, self._exposed_at_end = now, exposed
 
     @staticmethod

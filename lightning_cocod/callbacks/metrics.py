@@ -4,6 +4,7 @@ app's checkpoint schedule and its progress line."""
 from __future__ import annotations
 
 import collections
+import datetime
 import os
 import sys
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback, Checkpoint
+from pytorch_lightning.utilities.data import extract_batch_size
 
 from lightning_cocod._files import atomic_write
 
@@ -44,7 +46,7 @@ class StepTimer(Callback):
             self.started = time.perf_counter()
         if self._logged_at is None:
             self._logged_at = (trainer.global_step, self.started)
-        self._samples += _batch_size(batch)
+        self._samples += extract_batch_size(batch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if trainer.global_step == self._last_step:  # accumulating: no optimizer step yet
@@ -70,20 +72,6 @@ class StepTimer(Callback):
     @property
     def elapsed(self) -> float:
         return 0.0 if self.started is None else time.perf_counter() - self.started
-
-    def steady_step_seconds(self, warmup_steps: int, period: int = 1) -> float:
-        return steady_step_seconds(self.step_ends, warmup_steps, period)
-
-
-def steady_step_seconds(step_ends: list[float], warmup_steps: int, period: int = 1) -> float:
-    """Mean step time over whole periods after the warm-up, so round-boundary waits count in full."""
-    usable = (len(step_ends) - warmup_steps) // period * period
-    if warmup_steps < 1 or usable < 1:
-        raise ValueError(
-            f"{len(step_ends)} steps leave no whole period of {period} after {warmup_steps} warm-up steps: "
-            "run more steps"
-        )
-    return (step_ends[warmup_steps - 1 + usable] - step_ends[warmup_steps - 1]) / usable
 
 
 class AccuracyTimeline(Callback):
@@ -238,7 +226,7 @@ class ProgressLine(Callback):
             per_step = (self._ends[-1] - self._ends[0]) / (len(self._ends) - 1)
             parts.append(f"{per_step:.3f} s/step")
             if total != float("inf"):
-                parts.append(f"ETA {_clock(max(0, total - step) * per_step)}")
+                parts.append(f"ETA {datetime.timedelta(seconds=round(max(0, total - step) * per_step))}")
         return "  ".join(parts)
 
     def _show(self, trainer: pl.Trainer) -> None:
@@ -268,14 +256,3 @@ class ProgressLine(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank == 0:
             self._show(trainer)
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
-def _batch_size(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return int(first.shape[0]) if hasattr(first, "shape") else 0

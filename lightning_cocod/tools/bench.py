@@ -40,28 +40,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_cocod.core.adapt import SAFE_TAU_MAX
+from lightning_cocod.figures import markdown_table, steady_step_seconds
+from lightning_cocod.launch import TOPOLOGIES, LatencyUnsupported, format_latency, format_rate, parse_latency
+from lightning_cocod.launch.cluster import measured_round_trip
+from lightning_cocod.methods import METHODS, PERIODIC
 from lightning_cocod.tools.compare import (
+    ADAPTIVE,
+    BOUND,
+    BOUND_LABEL,
     label,
-    markdown_table,
+    method_label,
     new_axes,
+    parse_worker_counts,
+    read_rate,
+    require_at_least,
     run_method,
     save_plot,
-    steady_step_seconds,
 )
-from lightning_cocod.core.adapt import SAFE_TAU_MAX
-from lightning_cocod.launch import (
-    TOPOLOGIES,
-    LatencyUnsupported,
-    format_latency,
-    format_rate,
-    parse_latency,
-    parse_rate,
-)
-from lightning_cocod.launch.cluster import measured_round_trip
 from lightning_cocod.tools.plan import validate, validation_table
-
-METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
-PERIODIC = ("local_sgd", "cocod")
 
 
 def parse_method(token: str, default_tau: int) -> dict[str, Any]:
@@ -73,7 +70,7 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     for option in options:
         if option == "ps" and name in PERIODIC:
             spec["proportional"] = True
-        elif option == "auto" and name == "cocod":
+        elif option == "auto" and name == ADAPTIVE:
             spec["tau"] = "auto"
         elif option.isdigit() and int(option) >= 1 and name in PERIODIC:
             spec["tau"] = int(option)
@@ -82,20 +79,13 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     return spec
 
 
-def method_label(spec: dict[str, Any]) -> str:
-    text = label(spec["method"], spec["tau"] if spec["method"] in PERIODIC else None)
-    # A raised bound changes what tau="auto" may choose, so its runs are not the default's.
-    text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
-    return text + (" +PS" if spec["proportional"] else "")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
     parser.add_argument("--workers", default="2", help="worker count, or several, e.g. 2,4,8")
     parser.add_argument(
         "--rates", default=None,
-        help="comma-separated link rates, e.g. 100mbit,1gbit,10gbit, or none (default 300mbit on CPU, none on GPU)",
+        help="comma-separated link rates, e.g. 100mbit,1Gbps,10gbit, or none (default 300mbit on CPU, none on GPU)",
     )
     parser.add_argument(
         "--accelerator", default="cpu", choices=["cpu", "gpu"],
@@ -146,8 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.rates is None:
             # NCCL between GPUs of one machine never crosses a shaped loopback.
             args.rates = "none" if args.accelerator == "gpu" else "300mbit"
-        args.rate_list = [r.strip() for r in args.rates.split(",") if r.strip()]
-        args.rate_bps = [parse_rate(r) for r in args.rate_list]
+        args.rate_bps = [read_rate(r) for r in args.rates.split(",") if r.strip()]
+        # As the launchers read them: tc's own spelling.
+        args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
         args.latency_seconds = parse_latency(args.latency)
     except ValueError as err:
         parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
@@ -162,9 +153,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.rate_list:
         parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
     args.warmup = args.tau if args.warmup is None else args.warmup
-    for name, low in (("tau", 1), ("batch_size", 1), ("warmup", 1), ("repeats", 1), ("bound_every", 1)):
-        if getattr(args, name) < low:
-            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    require_at_least(parser, args, tau=1, batch_size=1, warmup=1, repeats=1, bound_every=1)
     if args.tau_max is not None:
         auto = [m for m in args.method_specs if m["tau"] == "auto"]
         if args.tau_max < 1:
@@ -178,14 +167,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < args.warmup + 2 * args.tau:
         parser.error(f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}")
     return args
-
-
-def parse_worker_counts(text: str) -> list[int]:
-    """'2,4,8' -> [2, 4, 8]; each count at least 2 (a run with one worker has nothing to communicate)."""
-    tokens = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not tokens or not all(t.isdigit() and int(t) >= 2 for t in tokens):
-        raise ValueError(f"--workers {text!r} is not understood: give counts of at least 2, e.g. 2 or 2,4,8")
-    return sorted(set(map(int, tokens)))
 
 
 def round_ends(result: dict[str, Any]) -> list[int]:
@@ -281,7 +262,7 @@ def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> b
     fig, ax = new_axes()
     for name, by_rate in figures["methods"].items():
         ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
-    ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label="compute only (bound)")
+    ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label=BOUND_LABEL)
     ax.set_xscale("log")
     save_plot(fig, ax, path, "link rate (bit/s)", "step time (s)", title)
     return True
@@ -294,11 +275,11 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
     ranges over 1.2-2.0 s per step for ResNet18 within ten minutes; interleaved and medianed,
     neither drift nor one slow run decides a ratio."""
     workers = workers or args.workers
-    total, warmup = f"/{args.steps}", args.warmup
+    warmup = args.warmup
     planned = (0 if args.no_overhead else 1) + len(args.rate_list) * len(args.method_specs)
 
     def run_bound(index: int) -> dict[str, Any]:
-        runs = run_method({**spec, "method": "bound"}, workers, None, out, total, suffix=f"-{index}")
+        runs = run_method({**spec, "method": BOUND}, workers, None, out, suffix=f"-{index}")
         return summarize(runs, warmup, False)
 
     bounds = [run_bound(1)]
@@ -306,9 +287,7 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
     runs: list[dict[str, Any]] = []
 
     def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
-        results = run_method(
-            run_spec, workers, rate, out, total, topology=args.topology, latency=args.latency
-        )
+        results = run_method(run_spec, workers, rate, out, topology=args.topology, latency=args.latency)
         runs.append(summarize(results, warmup, periodic))
         if len(runs) % args.bound_every == 0 or len(runs) == planned:
             bounds.append(run_bound(len(bounds) + 1))
@@ -385,7 +364,7 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                 f = by_rate[str(bps)]
                 extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
                 rows.append([
-                    *([workers] if several else []), format_rate(bps) if bps else "unshaped", name,
+                    *([workers] if several else []), format_rate(bps), name,
                     ", ".join(map(str, f["taus"])) if f.get("taus") else "", f"{f['step_seconds']:.3f}",
                     ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
                     f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
@@ -411,7 +390,7 @@ def scaling_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
             for workers in counts:
                 f = figures["workers"][workers]["methods"][name][str(bps)]
                 cells.append(f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)")
-            rows.append([format_rate(bps) if bps else "unshaped", name, *cells])
+            rows.append([format_rate(bps), name, *cells])
     headers = ["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in counts)]
     return markdown_table(headers, rows)
 

@@ -1,66 +1,70 @@
-"""Shared by the demo and the benchmark: run one method's workers with a progress line, and
-turn their step times into steady-state figures."""
+"""What the measurement tools share: how a run is named, the options they read alike (link rates
+as people write them, worker counts, least values), one method's workers run with a progress
+line, and the plots.
+
+Imports no torch and no Lightning (``cocod-plan`` reads its rates here); matplotlib only to plot.
+"""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
-import sys
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.callbacks import steady_step_seconds
-from lightning_cocod.launch import launch_workers
-from lightning_cocod.tools.plan import markdown_table  # there so that cocod-plan imports no Lightning
+from lightning_cocod import methods
+from lightning_cocod.launch import launch_workers, parse_rate
+from lightning_cocod.launch.progress import ProgressRelay
 
-__all__ = ["label", "markdown_table", "new_axes", "run_method", "save_plot", "steady_step_seconds"]
-
-METHOD_LABELS = {
-    "bound": "compute only (bound)",
-    "ssgd": "S-SGD (Lightning DDP)",
-    "local_sgd": "Local-SGD",
-    "pipe_sgd": "Pipe-SGD",
-    "cocod": "CoCoD-SGD",
-}
+# The tools' own row: the same steps on single-process Trainers, no process group at all.
+BOUND = "bound"
+BOUND_LABEL = "compute only (bound)"
+# The one method whose period may be tau="auto", bounded by tau_max.
+ADAPTIVE = "cocod"
+_RATE = re.compile(r"(\d+(?:\.\d+)?)([kmg])(?:bit|bps)", re.IGNORECASE)
 
 
-def label(method: str, tau: int | None = None) -> str:
-    text = METHOD_LABELS.get(method, method)
-    return f"{text} tau={tau}" if method in ("local_sgd", "cocod") and tau else text
+def label(method: str, tau: int | str | None = None) -> str:
+    """The table's label of a method ("CoCoD-SGD tau=4"), or the bound's."""
+    return BOUND_LABEL if method == BOUND else methods.label(method, tau)
 
 
-class Progress:
-    """One status line per method: redrawn in place on a terminal, every few seconds otherwise."""
+def method_label(spec: dict[str, Any]) -> str:
+    """The label of a run's spec: its period, a raised bound of tau="auto" (its runs are not the
+    default's: the bound changes what tau="auto" may choose), proportional sampling."""
+    text = label(spec["method"], spec.get("tau"))
+    text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
+    return text + (" +PS" if spec.get("proportional") else "")
 
-    def __init__(self, title: str, path: Path, total: str) -> None:
-        self.title, self.path, self.total = title, path, total
-        self.started = time.monotonic()
-        self.last_print = 0.0
-        self.tty = sys.stdout.isatty()
 
-    def _line(self) -> str:
-        try:
-            state = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return f"{self.title}: starting workers ({time.monotonic() - self.started:4.0f} s)"
-        acc = f"  test acc {state['accuracy']:.3f}" if "accuracy" in state else ""
-        return (
-            f"{self.title}: step {state['step']}{self.total}  epoch {state['epoch']}{acc}"
-            f"  ({time.monotonic() - self.started:4.0f} s)"
+def read_rate(text: str) -> int | None:
+    """Bits per second of a link rate as people write it, in any case: 100mbit, 100Mbps, 1.5gbit,
+    10Gbps (bit and bps both mean bits per second); None for 'none' or 'unshaped'."""
+    match = _RATE.fullmatch(text.strip())
+    if match is None and text.strip().lower() not in ("none", "unshaped"):
+        raise ValueError(
+            f"rate {text!r} is not understood; accepted: a number and kbit, mbit, gbit (or kbps, Mbps, Gbps: "
+            "bits per second), e.g. 100mbit, 100Mbps, 1.5gbit, 10Gbps, or 'none'"
         )
+    return parse_rate(f"{match[1]}{match[2].lower()}bit" if match else None)
 
-    def tick(self) -> None:
-        now = time.monotonic()
-        if self.tty:
-            print("\r" + self._line().ljust(100), end="", flush=True)
-        elif now - self.last_print >= 5.0:
-            print(self._line(), flush=True)
-        else:
-            return
-        self.last_print = now
 
-    def done(self, text: str) -> None:
-        print(("\r" if self.tty else "") + f"{self.title}: {text}".ljust(100), flush=True)
+def parse_worker_counts(text: str) -> list[int]:
+    """'8,2,4' -> [2, 4, 8]; each count at least 2 (a run with one worker has nothing to communicate)."""
+    tokens = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not tokens or not all(t.isdigit() and int(t) >= 2 for t in tokens):
+        raise ValueError(f"--workers {text!r} is not understood: give counts of at least 2, e.g. 2 or 2,4,8")
+    return sorted(set(map(int, tokens)))
+
+
+def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, **least: int) -> None:
+    """The parser's one-line error for the first of these options below its least value."""
+    for name, low in least.items():
+        if getattr(args, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
 
 
 def run_method(
@@ -68,7 +72,6 @@ def run_method(
     workers: int,
     rate: str | None,
     out_dir: Path,
-    total: str = "",
     timeout_s: float = 1800,
     suffix: str = "",
     topology: str = "loopback",
@@ -77,15 +80,14 @@ def run_method(
     """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
     apart the folders of repeated runs of one method."""
-    name = f"{spec['method']}" + (f"-tau{spec['tau']}" if spec["method"] in ("local_sgd", "cocod") else "")
+    name = spec["method"] + (f"-tau{spec['tau']}" if spec["method"] in methods.PERIODIC else "")
     name += "-ps" if spec.get("proportional") else ""
     run_dir = out_dir / f"{name}-{rate or 'unshaped'}{suffix}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    progress_path = run_dir / "progress.json"
-    progress_path.unlink(missing_ok=True)
-    spec = {**spec, "progress_path": str(progress_path)}
-    title = label(spec["method"], spec.get("tau")) + (" +PS" if spec.get("proportional") else "")
-    progress = Progress(f"{title:<30} @ {rate or 'unshaped'}", progress_path, total)
+    title = f"{method_label(spec):<30} @ {rate or 'unshaped'}"
+    show = functools.partial(print, flush=True)
+    relay = ProgressRelay(run_dir / "progress.txt", title, every_s=5.0, show=show)
+    spec = {**spec, "progress_path": str(relay.path), "title": title}
     results = launch_workers(
         "lightning_cocod.tools.worker",
         workers,
@@ -94,12 +96,12 @@ def run_method(
         timeout_s=timeout_s,
         output_dir=run_dir,
         name_prefix="cocod-cmp",
-        on_tick=progress.tick,
+        on_tick=relay.tick,
         topology=topology,
         latency=latency,
     )
     (run_dir / "results.json").write_text(json.dumps(results))
-    progress.done(f"done in {time.monotonic() - progress.started:.0f} s")
+    show(f"{title}: done in {time.monotonic() - relay.started:.0f} s")
     return results
 
 

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.tools.compare import label, markdown_table, new_axes, run_method, save_plot
-from lightning_cocod.launch import format_rate, parse_rate
+from lightning_cocod.figures import markdown_table
+from lightning_cocod.launch import format_rate
+from lightning_cocod.methods import METHODS
+from lightning_cocod.tools.compare import label, new_axes, read_rate, require_at_least, run_method, save_plot
 
-METHODS = ("ssgd", "local_sgd", "pipe_sgd", "cocod")
 # SmallCNN on 8x8 digits: ~30 ms per step per worker here (2 workers on 2 cores), 0.59 MB of
 # parameters. On a 100 Mbit/s link shared by both directions an all-reduce moves about twice
 # that (~100 ms): synchronous methods wait ~3 steps' worth every step, CoCoD hides it behind 4.
@@ -26,7 +27,7 @@ DEFAULT_RATE = "100mbit"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", default=DEFAULT_RATE, help="link rate, e.g. 100mbit, 1gbit, or 'none' (unshaped)")
+    parser.add_argument("--rate", default=DEFAULT_RATE, help="link rate, e.g. 100mbit, 1Gbps, or 'none' (unshaped)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and CoCoD-SGD")
@@ -40,11 +41,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [m for m in args.methods if m not in METHODS]
     if bad or not args.methods:
         parser.error(f"--methods {','.join(bad) or '(empty)'} not understood; accepted: {', '.join(METHODS)}")
-    for name, low in (("workers", 2), ("epochs", 1), ("tau", 1), ("batch_size", 1), ("width", 1)):
-        if getattr(args, name) < low:
-            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    require_at_least(parser, args, workers=2, epochs=1, tau=1, batch_size=1, width=1)
     try:
-        args.rate_bps = parse_rate(args.rate)
+        args.rate_bps = read_rate(args.rate)
+        args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
     except ValueError as err:
         parser.error(str(err))
     return args

@@ -47,8 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
+from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
-from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency, parse_rate
+from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
+from lightning_cocod.methods import METHODS, PERIODIC
+from lightning_cocod.tools.compare import ADAPTIVE, BOUND, label, parse_worker_counts, read_rate
 
 # fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
 # methods average with them; classes of CIFAR-10 unless named.
@@ -69,11 +72,9 @@ OVERLAP = {"resnet18": 0.6, "vgg16": 0.6, "vgg16_c100": 0.6, "small_cnn": 0.0}
 ROUND_BYTES_PER_SECOND = {"cpu": 1.5e9, "gpu": 50e9}
 # TCP/IP over Ethernet: 1448 bytes of payload in a 1514-byte frame (what tbf counts).
 EFFICIENCY = 1448 / 1514
-METHODS = ("ssgd", "pipe_sgd", "local_sgd", "cocod")
 # The rule's own ceiling, without the accuracy study's cap: where the recommendation looks for the
 # period that hides communication.
 RULE_TAU_MAX = AdaptivePeriod().tau_max
-NAMES = {"bound": "compute only", "ssgd": "S-SGD", "pipe_sgd": "Pipe-SGD", "local_sgd": "Local-SGD", "cocod": "CoCoD-SGD"}
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def _compute(s: Setting, barrier_every: int) -> float:
 def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
     """The model's time per optimizer step of `method` ("bound" is compute only)."""
     t_ar, t_0 = allreduce_seconds(s), allreduce_seconds(s, 0)
-    if method == "bound":
+    if method == BOUND:
         return s.step_seconds
     if method == "ssgd":
         return _compute(s, 1) + max(0.0, t_ar - s.overlap * s.step_seconds) + t_0
@@ -143,7 +144,7 @@ def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
         return _compute(s, tau) + (t_0 + t_ar + s.round_seconds) / tau
     if method == "cocod":
         return (s.round_seconds + max(tau * _compute(s, tau), t_ar + t_0)) / tau
-    raise ValueError(f"method {method!r} is not one of bound, {', '.join(METHODS)}")
+    raise ValueError(f"method {method!r} is not one of {BOUND}, {', '.join(METHODS)}")
 
 
 def auto_period(s: Setting, tau_min: int = 1, tau_max: int = SAFE_TAU_MAX) -> int:
@@ -160,7 +161,7 @@ def predict(
 ) -> tuple[float, int | None]:
     """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule, at
     most ``tau_max``."""
-    if method in ("local_sgd", "cocod"):
+    if method in PERIODIC:
         period = auto_period(s, tau_max=tau_max) if tau == "auto" else int(tau)
         return step_seconds(s, method, period), period
     return step_seconds(s, method), None
@@ -169,25 +170,17 @@ def predict(
 # -- the command ---------------------------------------------------------------------------------
 
 
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
-
-
 def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, str]:
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
     recommendation: the period that hides communication, and what tau="auto" does about it."""
     ssgd = step_seconds(s, "ssgd")
-    entries = [("bound", None), ("ssgd", None), ("pipe_sgd", None), ("local_sgd", tau), ("cocod", tau), ("cocod", "auto")]
+    periods = [(name, tau if m.periodic else None) for name, m in METHODS.items()]
+    entries = [(BOUND, None), *periods, (ADAPTIVE, "auto")]
     rows = []
     for method, period in entries:
         seconds, used = predict(s, method, period if period is not None else 1, tau_max)
         bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
-        name = NAMES[method] + (f" tau={period}{bounded}" if period else "")
+        name = label(method, period) + bounded
         rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
     table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
     best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
@@ -208,15 +201,28 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
     return table, advice
 
 
+class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in --help; an option whose default is worked out later (None here)
+    says what it is in its own help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="cocod-plan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="cocod-plan", description=__doc__.split("\n\n")[0], formatter_class=_ShowDefaults
+    )
+    # Not argparse's required=True: --validate reads every figure from the benchmark instead.
+    parser.add_argument_group("required, unless --validate").add_argument(
+        "--step-ms", type=float, help="compute time of one step, ms"
+    )
     parser.add_argument("--validate", metavar="BENCH_JSON", help="predict every run of a cocod-bench output")
     parser.add_argument("--workers", default="16", help="worker count(s), e.g. 64 or 16,32,64,128,256")
-    parser.add_argument("--bandwidth", default="10gbit", help="per-node rate each way, e.g. 10gbit, 100mbit")
+    parser.add_argument("--bandwidth", default="10gbit", help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit")
     parser.add_argument("--latency", default="50us", help="one-way latency of a message, e.g. 50us")
     parser.add_argument("--model", default="resnet18", choices=sorted(MODEL_BYTES), help="model preset")
     parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
-    parser.add_argument("--step-ms", type=float, default=None, help="compute time of one step, ms (required)")
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and fixed-period CoCoD-SGD")
     parser.add_argument(
         "--tau-max", type=int, default=None,
@@ -229,23 +235,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device", default="gpu", choices=sorted(ROUND_BYTES_PER_SECOND), help="what the round's own work runs on"
     )
-    parser.add_argument("--efficiency", type=float, default=EFFICIENCY, help="payload share of the link rate")
-    parser.add_argument("--topology", default="pernode", choices=TOPOLOGIES)
+    parser.add_argument(
+        "--efficiency", type=float, default=EFFICIENCY,
+        help="payload share of the link rate (default: %(default).3f, TCP/IP over Ethernet)",
+    )
+    parser.add_argument(
+        "--topology", default="pernode", choices=TOPOLOGIES,
+        help="pernode: a link per node; loopback: every worker's traffic over one shared link",
+    )
     args = parser.parse_args(argv)
     if args.tau_max is not None and args.tau_max < 1:
         parser.error(f"--tau-max must be at least 1 (the longest period of tau=\"auto\"), got {args.tau_max}")
     if args.validate:
         return args
     try:
-        args.worker_counts = [int(t) for t in args.workers.split(",") if t.strip()]
-        if not args.worker_counts or min(args.worker_counts) < 2:
-            raise ValueError(f"--workers {args.workers!r} is not understood: counts of at least 2, e.g. 64 or 16,64")
-        args.bandwidth_bps = parse_rate(args.bandwidth)
+        args.worker_counts = parse_worker_counts(args.workers)
+        args.bandwidth_bps = read_rate(args.bandwidth)
         if args.bandwidth_bps is None:
             raise ValueError(f"--bandwidth {args.bandwidth!r}: a plan needs a finite rate, e.g. 10gbit")
         args.latency_seconds = parse_latency(args.latency) or 0.0
     except ValueError as err:
-        parser.error(str(err).replace("invalid literal for int() with base 10", "--workers: not a count"))
+        parser.error(str(err))
     checks = [
         (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),

@@ -27,24 +27,25 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from lightning_cocod.models import MODEL_NAMES, build_model
+from lightning_cocod.callbacks import ProgressLine
+from lightning_cocod.data import SyntheticDataModule
+from lightning_cocod.launch import launch_workers
+from lightning_cocod.models import MODEL_NAMES, ClassifierModule, build_model
+from lightning_cocod.tools.compare import require_at_least
+from lightning_cocod.tools.worker import check_accelerator, placement
+from lightning_cocod.trainer import build_trainer
 
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def device_for(accelerator: str, index: int = 0) -> torch.device:
-    if accelerator == "cpu":
-        return torch.device("cpu")
-    if accelerator != "gpu":
-        raise ValueError(f"accelerator={accelerator!r} is not understood; accepted: 'cpu', 'gpu'")
-    if not torch.cuda.is_available():
-        raise ValueError(
-            "accelerator='gpu' but torch sees no CUDA device; accepted: 'cpu', or 'gpu' on a machine with one"
-        )
-    return torch.device("cuda", index)
+    check_accelerator(accelerator, torch.cuda.device_count() if accelerator == "gpu" else 0)
+    return torch.device("cpu") if accelerator == "cpu" else torch.device("cuda", index)
 
 
 def synchronize(device: torch.device) -> None:
@@ -92,44 +93,41 @@ def bare_loop_seconds(
     return (time.perf_counter() - started) / steps
 
 
-def _window_timer(warmup: int, steps: int, device: torch.device, sync_report: bool) -> Any:
-    import pytorch_lightning as pl
+class WindowTimer(pl.Callback):
+    """Times optimizer steps warmup+1 .. warmup+steps with a device sync at each end only; with
+    ``sync_report`` (CUDA) the warm-up's second half runs with CUDA's sync debugging on and every
+    synchronizing call is counted by the Python line that made it."""
 
-    class WindowTimer(pl.Callback):
-        """Times optimizer steps warmup+1 .. warmup+steps with a device sync at each end only; with
-        ``sync_report`` the warm-up's second half runs with CUDA's sync debugging on and every
-        synchronizing call is counted by the Python line that made it."""
+    def __init__(self, warmup: int, steps: int, device: torch.device, sync_report: bool = False) -> None:
+        self.warmup, self.steps, self.device = warmup, steps, device
+        self.sync_report = sync_report and device.type == "cuda" and warmup >= 2
+        self.started = self.ended = 0.0
+        self.syncs: Counter[str] = Counter()
+        self.reported_steps = 0
+        self._catcher: Any = None
 
-        def __init__(self) -> None:
-            self.started = self.ended = 0.0
-            self.syncs: Counter[str] = Counter()
-            self.reported_steps = 0
-            self._catcher: Any = None
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.sync_report and trainer.global_step == self.warmup // 2:
+            self._catcher = warnings.catch_warnings(record=True)
+            self._records = self._catcher.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
 
-        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-            if sync_report and device.type == "cuda" and trainer.global_step == warmup // 2 and warmup >= 2:
-                self._catcher = warnings.catch_warnings(record=True)
-                self._records = self._catcher.__enter__()
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-
-        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            if trainer.global_step == warmup:
-                if self._catcher is not None:
-                    torch.cuda.set_sync_debug_mode(0)
-                    self._catcher.__exit__(None, None, None)
-                    self.reported_steps = warmup - warmup // 2
-                    for record in self._records:
-                        if "synchroniz" in str(record.message):
-                            self.syncs[f"{record.filename}:{record.lineno}"] += 1
-                    self._catcher = None
-                synchronize(device)
-                self.started = time.perf_counter()
-            elif trainer.global_step == warmup + steps:
-                synchronize(device)
-                self.ended = time.perf_counter()
-
-    return WindowTimer()
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.warmup:
+            if self._catcher is not None:
+                torch.cuda.set_sync_debug_mode(0)
+                self._catcher.__exit__(None, None, None)
+                self.reported_steps = self.warmup - self.warmup // 2
+                for record in self._records:
+                    if "synchroniz" in str(record.message):
+                        self.syncs[f"{record.filename}:{record.lineno}"] += 1
+                self._catcher = None
+            synchronize(self.device)
+            self.started = time.perf_counter()
+        elif trainer.global_step == self.warmup + self.steps:
+            synchronize(self.device)
+            self.ended = time.perf_counter()
 
 
 def product_seconds(
@@ -143,11 +141,6 @@ def product_seconds(
     sync_report: bool = False,
 ) -> tuple[float, dict[str, Any]]:
     """Seconds per step of the package's own pipeline, and the sync report (empty unless asked)."""
-    import pytorch_lightning as pl
-
-    from lightning_cocod.data import SyntheticDataModule
-    from lightning_cocod.models import ClassifierModule
-
     pl.seed_everything(0, verbose=False)
     total = warmup + steps
     data = SyntheticDataModule(
@@ -156,19 +149,14 @@ def product_seconds(
     module = ClassifierModule(
         build_model(model, 10), lr=0.05, momentum=0.9, schedule="none", channels_last=channels_last
     )
-    timer = _window_timer(warmup, steps, device, sync_report)
-    trainer = pl.Trainer(
+    timer = WindowTimer(warmup, steps, device, sync_report)
+    trainer = build_trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=[device.index or 0] if device.type == "cuda" else 1,
         max_steps=total,
         precision=precision,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[timer],
+        callbacks=[timer, ProgressLine("product (Trainer)", every_s=10.0)],
     )
     trainer.fit(module, datamodule=data)
     report = {}
@@ -184,21 +172,13 @@ def product_seconds(
 def allreduce_worker(spec_json: str) -> dict[str, Any]:
     """One rank of ``--allreduce``: the strategies' collective (scale, then a SUM all-reduce of one
     flat buffer of the model's size), launch to completion, on the benchmark's placement."""
-    import torch.distributed as dist
-
-    from lightning_cocod.tools.worker import placement
-
     spec = json.loads(spec_json)
     world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
     record = placement(
         spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)
     )["record"]
-    device = (
-        torch.device("cpu")
-        if spec["accelerator"] == "cpu"
-        else device_for("gpu", 0 if record["ranks_per_device"] > 1 else rank)
-    )
+    device = device_for(spec["accelerator"], 0 if record["ranks_per_device"] > 1 else rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(record["backend"] or "gloo", rank=rank, world_size=world_size)  # "or": one rank
@@ -221,8 +201,6 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
 
 
 def allreduce_seconds(model: str, workers: int, accelerator: str, repeats: int = 10) -> dict[str, Any]:
-    from lightning_cocod.launch import launch_workers
-
     spec = {"model": model, "accelerator": accelerator, "warmup": 3, "repeats": repeats}
     # By name: run as ``python -m``, this module is __main__, which a worker cannot import.
     target = "lightning_cocod.tools.steptime:allreduce_worker"
@@ -254,9 +232,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "steps", "warmup"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    require_at_least(parser, args, batch_size=1, steps=1, warmup=1)
     if args.allreduce == 1 or args.allreduce < 0:
         parser.error(f"--allreduce needs at least 2 ranks, got {args.allreduce}")
     try:

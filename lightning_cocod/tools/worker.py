@@ -18,42 +18,55 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.strategies import DDPStrategy
 
-from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
+import lightning_cocod
+from lightning_cocod import methods
+from lightning_cocod.callbacks import (
+    AccuracyTimeline,
+    ProgressLine,
+    ProportionalSampling,
+    SimulatedSlowdown,
+    StepTimer,
+)
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
-from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 from lightning_cocod.launch import write_result
 from lightning_cocod.models import ClassifierModule, build_model
-from lightning_cocod.strategies import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+from lightning_cocod.tools.compare import ADAPTIVE, BOUND
+from lightning_cocod.trainer import build_trainer
 
-METHODS = ("bound", "ssgd", "local_sgd", "pipe_sgd", "cocod")
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
 def make_strategy(method: str, tau: int | str, backend: str | None = None, tau_max: int | None = None) -> Any:
-    """``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
+    """The table entry's strategy class; "bound" is a single-process Trainer's own ("auto").
+    ``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
     keeps CoCoDStrategy's default bound of tau="auto" (``SAFE_TAU_MAX``); CoCoDStrategy itself
     refuses one with a fixed tau, the other strategies would drop it silently."""
-    if tau_max is not None and method != "cocod":
-        raise ValueError(f"tau_max={tau_max!r} bounds cocod's tau='auto' only; {method!r} takes none")
-    options = {"process_group_backend": backend} if backend else {}
-    if method == "bound":
+    if method == BOUND:
         return "auto"
-    if method == "ssgd":
-        return DDPStrategy(**options) if options else "ssgd"
-    if method == "local_sgd":
-        return LocalSGDStrategy(tau=tau, **options)
-    if method == "pipe_sgd":
-        return PipeSGDStrategy(**options)
-    if method == "cocod":
-        return CoCoDStrategy(tau=tau, tau_max=tau_max, **options)
-    raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    entry = methods.method(method)
+    if tau_max is not None and method != ADAPTIVE:
+        raise ValueError(f"tau_max={tau_max!r} bounds cocod's tau='auto' only; {method!r} takes none")
+    options: dict[str, Any] = {"process_group_backend": backend} if backend else {}
+    if entry.periodic:
+        options["tau"] = tau
+    if tau_max is not None:
+        options["tau_max"] = tau_max
+    return getattr(lightning_cocod, entry.strategy_class)(**options)
+
+
+def check_accelerator(accelerator: str, gpus: int) -> None:
+    """ValueError unless ``accelerator`` is "cpu", or "gpu" with ``gpus`` CUDA devices to use."""
+    if accelerator not in ("cpu", "gpu"):
+        raise ValueError(f"accelerator={accelerator!r} is not understood; accepted: 'cpu', 'gpu'")
+    if accelerator == "gpu" and gpus < 1:
+        raise ValueError(
+            "accelerator='gpu' but torch sees no CUDA device; accepted: 'cpu', or 'gpu' on a machine with one"
+        )
 
 
 def placement(
@@ -67,13 +80,8 @@ def placement(
     device 0, where ``devices=world_size`` would ask for one device per rank. ``one_device``
     forces that layout even with a device per rank (the 2-ranks-on-one-GPU comparison).
     """
-    if accelerator not in ("cpu", "gpu"):
-        raise ValueError(f"accelerator={accelerator!r} is not understood; accepted: 'cpu', 'gpu'")
-    if accelerator == "gpu" and gpus < 1:
-        raise ValueError(
-            "accelerator='gpu' but torch sees no CUDA device; accepted: 'cpu', or 'gpu' on a machine with one"
-        )
-    distributed = method != "bound" and world_size > 1
+    check_accelerator(accelerator, gpus)
+    distributed = method != BOUND and world_size > 1
     shared = one_device or accelerator == "cpu" or gpus < world_size
     if accelerator == "cpu":
         devices = ["cpu"]
@@ -121,30 +129,6 @@ def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
     raise ValueError(f"data {spec['data']!r} is not one of digits, synthetic")
 
 
-class ProgressFile(pl.Callback):
-    """Rank 0 writes where it is, so the launching process can show progress."""
-
-    def __init__(self, path: str, timer: StepTimer, rank: int) -> None:
-        # The launcher's rank, not the trainer's: in the bound every worker is a rank 0 of its own.
-        self.path, self.timer, self.writes = Path(path), timer, rank == 0
-        self.last_write = 0.0
-
-    def _write(self, trainer: pl.Trainer, **extra: Any) -> None:
-        record = {"step": trainer.global_step, "epoch": trainer.current_epoch, "seconds": self.timer.elapsed, **extra}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self.path)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.writes and time.monotonic() - self.last_write > 0.3:
-            self.last_write = time.monotonic()
-            self._write(trainer)
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.writes and not trainer.sanity_checking and "val/acc" in trainer.callback_metrics:
-            self._write(trainer, accuracy=float(trainer.callback_metrics["val/acc"]))
-
-
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec.get("threads", 1))
     method = spec["method"]
@@ -153,12 +137,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     accelerator = spec.get("accelerator", "cpu")
     gpus = torch.cuda.device_count() if accelerator == "gpu" else 0
     where = placement(accelerator, method, world_size, rank, gpus, bool(spec.get("one_device", False)))
-    if method == "bound":  # no process group: drop what would make Lightning join one
+    if method == BOUND:  # no process group: drop what would make Lightning join one
         for key in _DIST_ENV:
             os.environ.pop(key, None)
     os.environ.update(where["env"])
     pl.seed_everything(spec["seed"], verbose=False)
-    data = make_data(spec, 1 if method == "bound" else world_size)
+    data = make_data(spec, 1 if method == BOUND else world_size)
     in_channels = 1 if spec["data"] == "digits" else 3
     net = build_model(spec["model"], 10, in_channels=in_channels, **spec.get("model_kwargs", {}))
     model = ClassifierModule(
@@ -168,30 +152,26 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     timer = StepTimer()
     timeline = AccuracyTimeline(timer)
     callbacks: list[pl.Callback] = [timer, timeline]
-    if spec.get("progress_path"):
-        callbacks.append(ProgressFile(spec["progress_path"], timer, rank))
-    if spec.get("slowdown") and method != "bound":
+    if spec.get("progress_path") and rank == 0:
+        # The launcher's rank, not the trainer's: in the bound every worker is a rank 0 of its own.
+        callbacks.append(ProgressLine(spec["title"], every_s=1.0, path=spec["progress_path"]))
+    if spec.get("slowdown") and method != BOUND:
         callbacks.append(SimulatedSlowdown(spec["slowdown"]))
     elif spec.get("slowdown"):  # the bound of a heterogeneous run: each worker alone, at its own speed
         callbacks.append(SimulatedSlowdown([spec["slowdown"][rank]]))
     sampling = None
-    if spec.get("proportional") and method != "bound":
+    if spec.get("proportional") and method != BOUND:
         sampling = ProportionalSampling(global_batch_size=spec["batch_size"] * world_size)
         callbacks.append(sampling)
     evaluate = bool(spec.get("evaluate", False))
     # On the CPU each strategy keeps its default backend (gloo), so those runs stay as they were.
     backend = where["record"]["backend"] if accelerator == "gpu" else None
-    trainer = pl.Trainer(
+    trainer = build_trainer(
         **where["trainer"],
         strategy=make_strategy(method, spec.get("tau", 4), backend, spec.get("tau_max")),
         precision=spec.get("precision", "32-true"),
         max_steps=spec.get("steps") or -1,
         max_epochs=spec.get("epochs"),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         limit_val_batches=1.0 if evaluate else 0,
         callbacks=callbacks,
     )
@@ -207,7 +187,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "method": method,
         "rank": rank,
-        "world_size": 1 if method == "bound" else world_size,
+        "world_size": 1 if method == BOUND else world_size,
         "tau": spec.get("tau"),
         "step_ends": timer.step_ends,
         "started": timer.started,
