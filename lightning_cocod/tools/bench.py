@@ -44,9 +44,8 @@ from lightning_cocod.core.adapt import SAFE_TAU_MAX
 from lightning_cocod.figures import markdown_table, steady_step_seconds
 from lightning_cocod.launch import TOPOLOGIES, LatencyUnsupported, format_latency, format_rate, parse_latency
 from lightning_cocod.launch.cluster import measured_round_trip
-from lightning_cocod.methods import METHODS, PERIODIC
+from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC
 from lightning_cocod.tools.compare import (
-    ADAPTIVE,
     BOUND,
     BOUND_LABEL,
     label,
@@ -70,7 +69,7 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     for option in options:
         if option == "ps" and name in PERIODIC:
             spec["proportional"] = True
-        elif option == "auto" and name == ADAPTIVE:
+        elif option == "auto" and name in ADAPTIVE:
             spec["tau"] = "auto"
         elif option.isdigit() and int(option) >= 1 and name in PERIODIC:
             spec["tau"] = int(option)

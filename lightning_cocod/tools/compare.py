@@ -22,8 +22,6 @@ from lightning_cocod.launch.progress import ProgressRelay
 # The tools' own row: the same steps on single-process Trainers, no process group at all.
 BOUND = "bound"
 BOUND_LABEL = "compute only (bound)"
-# The one method whose period may be tau="auto", bounded by tau_max.
-ADAPTIVE = "cocod"
 _RATE = re.compile(r"(\d+(?:\.\d+)?)([kmg])(?:bit|bps)", re.IGNORECASE)
 
 

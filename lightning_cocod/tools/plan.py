@@ -50,8 +50,8 @@ from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
 from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
-from lightning_cocod.methods import METHODS, PERIODIC
-from lightning_cocod.tools.compare import ADAPTIVE, BOUND, label, parse_worker_counts, read_rate
+from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC
+from lightning_cocod.tools.compare import BOUND, label, parse_worker_counts, read_rate
 
 # fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
 # methods average with them; classes of CIFAR-10 unless named.
@@ -175,7 +175,7 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
     recommendation: the period that hides communication, and what tau="auto" does about it."""
     ssgd = step_seconds(s, "ssgd")
     periods = [(name, tau if m.periodic else None) for name, m in METHODS.items()]
-    entries = [(BOUND, None), *periods, (ADAPTIVE, "auto")]
+    entries = [(BOUND, None), *periods, *((name, "auto") for name in ADAPTIVE)]
     rows = []
     for method, period in entries:
         seconds, used = predict(s, method, period if period is not None else 1, tau_max)

@@ -35,7 +35,7 @@ from lightning_cocod.callbacks import (
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
 from lightning_cocod.launch import write_result
 from lightning_cocod.models import ClassifierModule, build_model
-from lightning_cocod.tools.compare import ADAPTIVE, BOUND
+from lightning_cocod.tools.compare import BOUND
 from lightning_cocod.trainer import build_trainer
 
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
@@ -49,8 +49,8 @@ def make_strategy(method: str, tau: int | str, backend: str | None = None, tau_m
     if method == BOUND:
         return "auto"
     entry = methods.method(method)
-    if tau_max is not None and method != ADAPTIVE:
-        raise ValueError(f"tau_max={tau_max!r} bounds cocod's tau='auto' only; {method!r} takes none")
+    if tau_max is not None and not entry.adaptive:
+        raise ValueError(f"tau_max={tau_max!r} bounds tau='auto' only; {method!r} takes none")
     options: dict[str, Any] = {"process_group_backend": backend} if backend else {}
     if entry.periodic:
         options["tau"] = tau
