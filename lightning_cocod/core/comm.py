@@ -32,8 +32,6 @@ class Handle(Protocol):
     def wait(self) -> None:
         """Block until the result is in the buckets (on CUDA: order the current stream after it)."""
 
-    def is_completed(self) -> bool: ...
-
     def figures_ready(self) -> bool:
         """Whether ``comm_seconds``, ``exposed_seconds`` and ``launched_at`` can be read now without
         making the host wait (on CUDA they come from events the device may not have reached yet;
@@ -84,10 +82,6 @@ def _failed(err: BaseException) -> CommunicationError:
     )
 
 
-def _share(weight: float | None, world_size: int) -> float:
-    return 1.0 / world_size if weight is None else float(weight)
-
-
 class _Completion:
     """When the last of ``works`` completed, on the host clock ``now``: their futures' callbacks
     run on gloo's thread as each lands, so this is the true completion time, which is what
@@ -131,9 +125,6 @@ class _CpuHandle:
         self.blocked_seconds = end - start
         self._completion.settle(end)
         self._waited = True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
 
     def figures_ready(self) -> bool:
         return self._waited
@@ -274,9 +265,6 @@ class _StreamLandedHandle(_DeviceHandle):
     def _order_after_landing(self, compute: Any) -> None:
         compute.wait_event(self._landed)
 
-    def is_completed(self) -> bool:
-        return self._landed.query()
-
     @property
     def comm_seconds(self) -> float:
         self._landed.synchronize()
@@ -306,9 +294,6 @@ class _HostLandedHandle(_DeviceHandle):
                 work.wait()
         self._completion.settle(self._clock.now())
         compute.wait_stream(self._side)
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
 
     @property
     def comm_seconds(self) -> float:
@@ -397,7 +382,7 @@ class TorchDistCommunicator:
             raise _failed(err) from err
 
     def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
-        share = _share(weight, self.world_size)
+        share = 1.0 / self.world_size if weight is None else float(weight)
         if self._clock is None:
             launched = time.perf_counter()
             for bucket in buckets:
