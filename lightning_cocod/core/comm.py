@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -74,12 +74,18 @@ class CommunicationError(RuntimeError):
     """A collective of ours failed: a peer died, hung past the group's timeout, or the link broke."""
 
 
-def _failed(err: BaseException) -> CommunicationError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return CommunicationError(
-        f"all-reduce on the model-averaging group failed (a worker died, stalled past the group's "
-        f"timeout, or the network failed): {first}"
-    )
+@contextmanager
+def _failures_named() -> Iterator[None]:
+    """A collective that fails in the block raises CommunicationError, with its first line.
+    DistBackendError and gloo's own errors are RuntimeErrors."""
+    try:
+        yield
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CommunicationError(
+            f"all-reduce on the model-averaging group failed (a worker died, stalled past the group's "
+            f"timeout, or the network failed): {first}"
+        ) from err
 
 
 class _Completion:
@@ -116,11 +122,9 @@ class _CpuHandle:
 
     def wait(self) -> None:
         start = time.perf_counter()
-        try:
+        with _failures_named():
             for work in self._works:
                 work.wait()
-        except RuntimeError as err:  # DistBackendError and gloo's own errors are RuntimeErrors
-            raise _failed(err) from err
         end = time.perf_counter()
         self.blocked_seconds = end - start
         self._completion.settle(end)
@@ -228,10 +232,8 @@ class _DeviceHandle:
         stall_start, stall_end = self._stall
         stall_start.record(compute)
         began = self._clock.now()
-        try:
+        with _failures_named():
             self._order_after_landing(compute)
-        except RuntimeError as err:
-            raise _failed(err) from err
         self.blocked_seconds = self._clock.now() - began
         stall_end.record(compute)
         self._waited = True
@@ -326,11 +328,9 @@ def start_on_device(
         works = [all_reduce(bucket) for bucket in buckets]
         if not lands_on_stream:
             return _HostLandedHandle(clock, works, launched, queued_at, side)
-        try:
+        with _failures_named():
             for work in works:
                 work.wait()  # orders the side stream after NCCL's; the host does not block
-        except RuntimeError as err:
-            raise _failed(err) from err
         landed = clock.new_event()
         landed.record(side)
     return _StreamLandedHandle(clock, works, launched, landed, queued_at)
@@ -376,10 +376,8 @@ class TorchDistCommunicator:
         return cls(group, device)
 
     def _all_reduce(self, bucket: Tensor) -> dist.Work:
-        try:
+        with _failures_named():
             return dist.all_reduce(bucket, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        except RuntimeError as err:
-            raise _failed(err) from err
 
     def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
         share = 1.0 / self.world_size if weight is None else float(weight)
@@ -393,11 +391,9 @@ class TorchDistCommunicator:
         )
 
     def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
-        try:
+        with _failures_named():
             for bucket in buckets:
                 dist.broadcast(bucket, src=dist.get_global_rank(self.group, src), group=self.group)
-        except RuntimeError as err:
-            raise _failed(err) from err
 
     def destroy(self) -> None:
         if self._clock is not None:

@@ -1,8 +1,5 @@
-"""Start the ranks of one gloo run as separate processes, optionally behind slow links.
-
-By default every rank runs on 127.0.0.1 in one namespace whose loopback is shaped (one link the
-whole run shares); with ``topology="pernode"`` each rank runs in a namespace of its own behind
-its own shaped link to a common bridge (``cluster.py``), at its own address.
+"""Start the ranks of one gloo run as separate processes, optionally behind slow links (the
+topologies of ``launch_workers``).
 
 Each rank is a `python -m MODULE` / `python SCRIPT` / `MODULE:FUNCTION` process given the env://
 variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, NODE_RANK). Because LOCAL_RANK is
@@ -50,7 +47,6 @@ _FOREIGN_CLUSTER_KEYS = {"GROUP_RANK", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WO
 # Below Linux's ephemeral range (32768+): a rank connecting to the store before rank 0 listens can
 # be handed MASTER_PORT itself as its source port and connect to itself.
 _PORT_RANGE = (20000, 32000)
-_STDERR_TAIL_LINES = 20
 
 
 class LaunchError(RuntimeError):
@@ -199,7 +195,7 @@ def _child_setup_factory() -> Callable[[], None]:
     return setup
 
 
-def _tail(log_dir: Path, rank: int, lines: int = _STDERR_TAIL_LINES) -> str:
+def _tail(log_dir: Path, rank: int, lines: int = 20) -> str:
     """The last lines `rank` wrote to its stderr."""
     try:
         with open(log_dir / f"rank{rank}.stderr", "rb") as fh:
@@ -305,7 +301,6 @@ def launch_workers(
         _result_path(log_dir, rank).unlink(missing_ok=True)
     run_env = _run_env(env, pythonpath)
 
-    ok = False
     with network(topology, world_size, rate, latency, name_prefix=name_prefix) as link:
         port = _free_port(link)
         procs: list[subprocess.Popen] = []
@@ -315,59 +310,55 @@ def launch_workers(
         pending: set[int] = set()
         setup = _child_setup_factory()
         try:
+            # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
+            # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C. A
+            # signal that came meanwhile is raised as the block is left, so that is still in
+            # the `try` that turns it into a stop of the workers: they may already be running
+            # (the signal came once they were up), and a stop must reach them.
+            with signals_deferred():
+                for rank in range(world_size):
+                    procs.append(_start(link, cmd, rank, world_size, port, run_env, log_dir, cwd, setup))
+                for rank, proc in enumerate(procs):
+                    waiter = lambda r=rank, p=proc: exits.put((r, p.wait()))  # noqa: E731
+                    threading.Thread(target=waiter, daemon=True, name=f"cocod-wait-rank{rank}").start()
+                    watched.append(rank)
+                    pending.add(rank)
+            _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
+        except (Terminated, KeyboardInterrupt) as stop:
+            # Ctrl-C too: the workers run in sessions of their own, so a terminal's SIGINT
+            # reaches only this process; they are asked to stop as a preemption asks them, and
+            # checkpoint. To the workers themselves, not their process groups: a worker's own
+            # children (data loaders) killed under it would turn the stop into a crash. A
+            # worker that had not yet installed its handler dies of the signal instead, and
+            # the stop is re-raised: nothing was checkpointed.
+            for rank in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    procs[rank].send_signal(signal.SIGTERM)
             try:
-                # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
-                # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C. A
-                # signal that came meanwhile is raised as the block is left, so that is still in
-                # the `try` that turns it into a stop of the workers: they may already be running
-                # (the signal came once they were up), and a stop must reach them.
-                with signals_deferred():
-                    for rank in range(world_size):
-                        procs.append(_start(link, cmd, rank, world_size, port, run_env, log_dir, cwd, setup))
-                    for rank, proc in enumerate(procs):
-                        waiter = lambda r=rank, p=proc: exits.put((r, p.wait()))  # noqa: E731
-                        threading.Thread(target=waiter, daemon=True, name=f"cocod-wait-rank{rank}").start()
-                        watched.append(rank)
-                        pending.add(rank)
-                _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
-            except (Terminated, KeyboardInterrupt) as stop:
-                # Ctrl-C too: the workers run in sessions of their own, so a terminal's SIGINT
-                # reaches only this process; they are asked to stop as a preemption asks them, and
-                # checkpoint. To the workers themselves, not their process groups: a worker's own
-                # children (data loaders) killed under it would turn the stop into a crash. A
-                # worker that had not yet installed its handler dies of the signal instead, and
-                # the stop is re-raised: nothing was checkpointed.
-                for rank in pending:
-                    with contextlib.suppress(ProcessLookupError):
-                        procs[rank].send_signal(signal.SIGTERM)
-                try:
-                    _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
-                except WorkersPreempted as preempted:
-                    preempted.interrupted = isinstance(stop, KeyboardInterrupt)
-                    raise
-                except LaunchError:
-                    raise stop from None
-                if len(watched) < world_size:
-                    # Only where the held signal still reached Python (a thread of the caller's
-                    # that does not hold it took it): not every rank was started.
-                    raise stop from None
-                # Every rank had finished its work (the signal came as they ended, during their
-                # test, say): the run is whole, and its results are what the caller asked for.
-                what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
-                print(
-                    f"launch_workers: {what} came as the workers were finishing; they finished, and "
-                    "their results are kept",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            results = _read_results(world_size, log_dir)
-            ok = True
-            return results
+                _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
+            except WorkersPreempted as preempted:
+                preempted.interrupted = isinstance(stop, KeyboardInterrupt)
+                raise
+            except LaunchError:
+                raise stop from None
+            if len(watched) < world_size:
+                # Only where the held signal still reached Python (a thread of the caller's
+                # that does not hold it took it): not every rank was started.
+                raise stop from None
+            # Every rank had finished its work (the signal came as they ended, during their
+            # test, say): the run is whole, and its results are what the caller asked for.
+            what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
+            print(
+                f"launch_workers: {what} came as the workers were finishing; they finished, and their results "
+                "are kept", file=sys.stderr, flush=True,
+            )
         finally:
             with signals_deferred():
                 _terminate(procs, grace_s)
-                if ok and output_dir is None:
-                    shutil.rmtree(log_dir, ignore_errors=True)
+    results = _read_results(world_size, log_dir)
+    if output_dir is None:  # after a failure it is kept, and named in the error
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return results
 
 
 def _exits(
