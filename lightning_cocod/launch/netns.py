@@ -40,7 +40,6 @@ _MIN_BURST_BYTES = 256 * 1024
 # tbf needs burst >= rate / HZ or it can never send at the full rate; 250 is the lowest HZ in
 # common kernel configs, so rate_bytes / 250 is enough whatever HZ this kernel was built with.
 _LOWEST_HZ = 250
-_LATENCY = "100ms"
 _DURATION_UNITS = {"us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)}
 _SETUP_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
@@ -148,9 +147,7 @@ class ShapedLink:
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     # Never trust an inherited stdin: a hung `ip` waiting on a terminal would stall the cleanup.
-    proc = subprocess.run(
-        [IP, *args], check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
-    )
+    proc = subprocess.run([IP, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     if check and proc.returncode != 0:
         raise RuntimeError(f"`{IP} {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -271,7 +268,7 @@ def shape_device(namespace: str, device: str, bps: int | None, burst: int | None
     Raises LatencyUnsupported when a delay is asked for and the kernel has no netem.
     """
     tc = ("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device)
-    tbf = ("tbf", "rate", f"{bps}bit", "burst", f"{burst}b", "latency", _LATENCY)
+    tbf = ("tbf", "rate", f"{bps}bit", "burst", f"{burst}b", "latency", "100ms")
     if delay is None:
         if bps is not None:
             _ip(*tc, "root", *tbf)

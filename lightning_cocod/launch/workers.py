@@ -33,6 +33,7 @@ from lightning_cocod.launch.cluster import Link, network
 from lightning_cocod.launch.netns import Terminated, signals_deferred
 
 RESULT_ENV = "COCOD_RESULT_PATH"
+_RESULT = "rank{}.result.json"  # in the run's log folder, one for each rank
 # Runs a "module:function" target and hands its return value over as `write_result` does.
 _CALL_FUNCTION = """\
 import pkgutil, sys
@@ -165,7 +166,7 @@ def _start(
     """Rank `rank` at its place in the network, its output to its logs, in a session of its own."""
     env = {
         **run_env, "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "NODE_RANK": "0", RESULT_ENV: str(_result_path(log_dir, rank)),
+        "LOCAL_RANK": str(rank), "NODE_RANK": "0", RESULT_ENV: str(log_dir / _RESULT.format(rank)),
         **link.rank_env(rank),  # MASTER_ADDR and the interface gloo must use, per the topology
     }
     with open(log_dir / f"rank{rank}.stdout", "wb") as out, open(log_dir / f"rank{rank}.stderr", "wb") as err:
@@ -173,10 +174,6 @@ def _start(
             link.wrap(cmd, rank), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True, preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
         )
-
-
-def _result_path(log_dir: Path, rank: int) -> Path:
-    return log_dir / f"rank{rank}.result.json"
 
 
 def _child_setup_factory() -> Callable[[], None]:
@@ -226,12 +223,11 @@ def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    if code >= 0:
+        return f"exited with code {code}"
+    with contextlib.suppress(ValueError):
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"was killed by signal {-code}"
 
 
 def _failed(rank: int, code: int, what: str, log_dir: Path, quote: bool = True) -> WorkerFailed:
@@ -244,7 +240,7 @@ def _failed(rank: int, code: int, what: str, log_dir: Path, quote: bool = True) 
 def _read_results(world_size: int, log_dir: Path) -> list[Any]:
     results = []
     for rank in range(world_size):
-        path = _result_path(log_dir, rank)
+        path = log_dir / _RESULT.format(rank)
         try:
             results.append(json.loads(path.read_text()))
         except (OSError, ValueError) as err:
@@ -298,7 +294,7 @@ def launch_workers(
     log_dir = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix="cocod-launch-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(world_size):
-        _result_path(log_dir, rank).unlink(missing_ok=True)
+        (log_dir / _RESULT.format(rank)).unlink(missing_ok=True)
     run_env = _run_env(env, pythonpath)
 
     with network(topology, world_size, rate, latency, name_prefix=name_prefix) as link:
@@ -349,8 +345,8 @@ def launch_workers(
             # test, say): the run is whole, and its results are what the caller asked for.
             what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
             print(
-                f"launch_workers: {what} came as the workers were finishing; they finished, and their results "
-                "are kept", file=sys.stderr, flush=True,
+                f"launch_workers: {what} came as the workers were finishing; they finished, and their "
+                "results are kept", file=sys.stderr, flush=True,
             )
         finally:
             with signals_deferred():
@@ -377,33 +373,26 @@ def _exits(
         yield rank, code
 
 
-def _await_preempted(
-    procs: list[subprocess.Popen], exits: queue.Queue, pending: set[int], log_dir: Path, grace_s: float,
-    stop_grace_s: float,
-) -> None:
-    """One rank left on a preemption: the others stop at the same step, each within a round."""
-    others = list(_exits(exits, pending, stop_grace_s))
-    _terminate(procs, grace_s)
-    failed = [(rank, code) for rank, code in others if code != PREEMPTED_EXIT_CODE]
-    if not pending and not failed:
-        raise WorkersPreempted(
-            f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing their "
-            f"checkpoint (exit code {PREEMPTED_EXIT_CODE}); logs in {log_dir}",
-            str(log_dir),
-        )
-    rank, code = failed[0] if failed else (min(pending), -signal.SIGKILL)
-    how = _describe_exit(code) if failed else "did not stop with it and was killed"
-    raise _failed(rank, code, f"a rank stopped on a preemption signal but rank {rank} {how}", log_dir)
-
-
 def _wait(
     procs: list[subprocess.Popen], exits: queue.Queue, pending: set[int], timeout_s: float, log_dir: Path,
     grace_s: float, on_tick: Callable[[], None] | None, stop_grace_s: float,
 ) -> None:
-    """Until every rank in ``pending`` (updated in place) has exited."""
+    """Until every rank in ``pending`` (updated in place) has exited; a rank that fails or stops on
+    a preemption signal, or ``timeout_s`` passing, ends every worker and raises."""
     for rank, code in _exits(exits, pending, timeout_s, on_tick):
         if code == PREEMPTED_EXIT_CODE:
-            _await_preempted(procs, exits, pending, log_dir, grace_s, stop_grace_s)
+            # The others stop at the same step, each within a round.
+            failed = [(r, c) for r, c in _exits(exits, pending, stop_grace_s) if c != PREEMPTED_EXIT_CODE]
+            _terminate(procs, grace_s)
+            if not pending and not failed:
+                raise WorkersPreempted(
+                    f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing "
+                    f"their checkpoint (exit code {PREEMPTED_EXIT_CODE}); logs in {log_dir}",
+                    str(log_dir),
+                )
+            rank, code = failed[0] if failed else (min(pending), -signal.SIGKILL)
+            how = _describe_exit(code) if failed else "did not stop with it and was killed"
+            raise _failed(rank, code, f"a rank stopped on a preemption signal but rank {rank} {how}", log_dir)
         if code != 0:
             # Ranks that fail on their own soon after are usually reacting to this one (their
             # peer vanished), so they are only listed; those we terminate are not failures.
