@@ -15,7 +15,6 @@ the GPU tests (tests/gpu/) run it on a real device.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -95,16 +94,12 @@ class _Completion:
 
     def __init__(self, works: Sequence[Any], now: Callable[[], float]) -> None:
         self.at: float | None = None
-        remaining, lock = [len(works)], threading.Lock()
 
-        def on_done(_future: object) -> None:
-            with lock:  # one callback per bucket, possibly on several gloo threads
-                remaining[0] -= 1
-                if remaining[0] == 0 and self.at is None:
-                    self.at = now()
+        def on_done(_all: torch.futures.Future) -> None:
+            if self.at is None:
+                self.at = now()
 
-        for work in works:
-            work.get_future().then(on_done)
+        torch.futures.collect_all([work.get_future() for work in works]).then(on_done)
 
     def settle(self, waited_until: float) -> None:
         """After ``wait`` returned: the callback may trail it by a hair."""
