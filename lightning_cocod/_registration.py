@@ -46,11 +46,8 @@ class _LoaderThenRegister:
     def __init__(self, loader: Any, package: str) -> None:
         self._loader, self._package = loader, package
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # create_module among others
         return getattr(self._loader, name)
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)

@@ -89,7 +89,7 @@ def test_without_root_it_runs_on_the_loopback_and_says_so(monkeypatch, capfd):
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pernode_cluster(4, "100mbit") as link:
         assert not link.in_namespaces and "root" in link.reason
-        assert link.rank_env(3)["MASTER_ADDR"] == "127.0.0.1" and link.rank_command(["x"], 3) == ["x"]
+        assert link.rank_env(3)["MASTER_ADDR"] == "127.0.0.1" and link.wrap(["x"], 3) == ["x"]
     warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "UNSHAPED" in warnings[0] and "per-node" in warnings[0] and "100mbit" in warnings[0]
 
@@ -97,7 +97,7 @@ def test_without_root_it_runs_on_the_loopback_and_says_so(monkeypatch, capfd):
 @pytest.mark.timeout(10)
 def test_each_rank_is_told_its_own_namespace_address_and_interface():
     cluster = Cluster(switch="s", nodes=("a", "b", "c"), rate=None)
-    assert cluster.rank_command(["python", "w.py"], 2) == ["ip", "netns", "exec", "c", "python", "w.py"]
+    assert cluster.wrap(["python", "w.py"], 2) == ["ip", "netns", "exec", "c", "python", "w.py"]
     assert cluster.rank_env(2) == {
         "MASTER_ADDR": "10.213.0.1",  # rank 0's node: the rendezvous
         "GLOO_SOCKET_IFNAME": NODE_IFNAME,

@@ -21,6 +21,7 @@ from lightning_cocod.launch import (
     launch_workers,
     netns,
     parse_rate,
+    rank_and_world_size,
     shaped_namespace,
     write_result,
 )
@@ -272,6 +273,20 @@ def test_write_result_uses_the_launcher_path(tmp_path, monkeypatch):
     write_result({"loss": [1.5, 0.25], "rank": 3})
     assert json.loads(target.read_text()) == {"loss": [1.5, 0.25], "rank": 3}
     assert list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, (0, 1)),
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, (3, 4)),  # launch_workers, torchrun
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}, (5, 8)),  # srun
+        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "9"}, (1, 2)),  # torchrun in a job
+    ],
+)
+def test_rank_and_world_size_read_what_the_launcher_set(env, expected):
+    assert rank_and_world_size(env) == expected
 
 
 @pytest.mark.timeout(30)

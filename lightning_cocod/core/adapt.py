@@ -53,14 +53,6 @@ def proportional_split(global_batch: int, capabilities: Sequence[float]) -> list
     return sizes
 
 
-def check_period_bounds(tau_min: int, tau_max: int) -> None:
-    for name, value in (("tau_min", tau_min), ("tau_max", tau_max)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if tau_min > tau_max:
-        raise ValueError(f"tau bounds are in the wrong order: tau_min={tau_min} > tau_max={tau_max}")
-
-
 class AdaptivePeriod:
     """The smallest period that hides the measured communication and amortises the round's cost.
 
@@ -101,7 +93,11 @@ class AdaptivePeriod:
         smoothing: float = 0.5,
         patience: int = 2,
     ) -> None:
-        check_period_bounds(tau_min, tau_max)
+        for name, value in (("tau_min", tau_min), ("tau_max", tau_max)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if tau_min > tau_max:
+            raise ValueError(f"tau bounds are in the wrong order: tau_min={tau_min} > tau_max={tau_max}")
         if not margin >= 1.0:
             raise ValueError(f"margin must be >= 1 (a period that only just hides communication), got {margin!r}")
         if not 0.0 < overhead < 1.0:

@@ -50,7 +50,11 @@ class CoCoDRound:
     """
 
     def __init__(
-        self, tensors: Sequence[Tensor], comm: Communicator, weight: float | None = None, progress: float = 1.0
+        self,
+        tensors: Sequence[Tensor],
+        comm: Communicator,
+        weight: float | None = None,
+        progress: float = DEFAULT_PROGRESS,
     ) -> None:
         self.tensors = list(tensors)
         self.comm = comm
@@ -76,19 +80,19 @@ class CoCoDRound:
         self.handle = self.comm.start_mean(self.average.buckets, self.weight)
         return self.handle
 
-    def abandon(self) -> Handle:
-        """Wait for the round's all-reduce and drop it: nothing is merged."""
+    def _landed(self, verb: str) -> Handle:
         if self.handle is None:
-            raise RuntimeError("CoCoDRound.abandon() called with no round pending")
+            raise RuntimeError(f"CoCoDRound.{verb}() called with no round pending")
         handle, self.handle = self.handle, None
         handle.wait()
         return handle
 
+    def abandon(self) -> Handle:
+        """Wait for the round's all-reduce and drop it: nothing is merged."""
+        return self._landed("abandon")
+
     def finish(self) -> Handle:
-        if self.handle is None:
-            raise RuntimeError("CoCoDRound.finish() called with no round pending")
-        handle, self.handle = self.handle, None
-        handle.wait()
+        handle = self._landed("finish")
         if self.progress != 1.0:
             # x <- avg + lambda (x - snap), in place on the live tensors.
             torch._foreach_sub_(self.tensors, self.snapshot.views)

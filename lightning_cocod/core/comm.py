@@ -15,11 +15,10 @@ the GPU tests (tests/gpu/) run it on a real device.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -31,8 +30,6 @@ from torch import Tensor
 class Handle(Protocol):
     def wait(self) -> None:
         """Block until the result is in the buckets (on CUDA: order the current stream after it)."""
-
-    def is_completed(self) -> bool: ...
 
     def figures_ready(self) -> bool:
         """Whether ``comm_seconds``, ``exposed_seconds`` and ``launched_at`` can be read now without
@@ -76,16 +73,18 @@ class CommunicationError(RuntimeError):
     """A collective of ours failed: a peer died, hung past the group's timeout, or the link broke."""
 
 
-def _failed(err: BaseException) -> CommunicationError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return CommunicationError(
-        f"all-reduce on the model-averaging group failed (a worker died, stalled past the group's "
-        f"timeout, or the network failed): {first}"
-    )
-
-
-def _share(weight: float | None, world_size: int) -> float:
-    return 1.0 / world_size if weight is None else float(weight)
+@contextmanager
+def _failures_named() -> Iterator[None]:
+    """A collective that fails in the block raises CommunicationError, with its first line.
+    DistBackendError and gloo's own errors are RuntimeErrors."""
+    try:
+        yield
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CommunicationError(
+            f"all-reduce on the model-averaging group failed (a worker died, stalled past the group's "
+            f"timeout, or the network failed): {first}"
+        ) from err
 
 
 class _Completion:
@@ -95,16 +94,12 @@ class _Completion:
 
     def __init__(self, works: Sequence[Any], now: Callable[[], float]) -> None:
         self.at: float | None = None
-        remaining, lock = [len(works)], threading.Lock()
 
-        def on_done(_future: object) -> None:
-            with lock:  # one callback per bucket, possibly on several gloo threads
-                remaining[0] -= 1
-                if remaining[0] == 0 and self.at is None:
-                    self.at = now()
+        def on_done(_all: torch.futures.Future) -> None:
+            if self.at is None:
+                self.at = now()
 
-        for work in works:
-            work.get_future().then(on_done)
+        torch.futures.collect_all([work.get_future() for work in works]).then(on_done)
 
     def settle(self, waited_until: float) -> None:
         """After ``wait`` returned: the callback may trail it by a hair."""
@@ -122,18 +117,13 @@ class _CpuHandle:
 
     def wait(self) -> None:
         start = time.perf_counter()
-        try:
+        with _failures_named():
             for work in self._works:
                 work.wait()
-        except RuntimeError as err:  # DistBackendError and gloo's own errors are RuntimeErrors
-            raise _failed(err) from err
         end = time.perf_counter()
         self.blocked_seconds = end - start
         self._completion.settle(end)
         self._waited = True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
 
     def figures_ready(self) -> bool:
         return self._waited
@@ -237,10 +227,8 @@ class _DeviceHandle:
         stall_start, stall_end = self._stall
         stall_start.record(compute)
         began = self._clock.now()
-        try:
+        with _failures_named():
             self._order_after_landing(compute)
-        except RuntimeError as err:
-            raise _failed(err) from err
         self.blocked_seconds = self._clock.now() - began
         stall_end.record(compute)
         self._waited = True
@@ -274,9 +262,6 @@ class _StreamLandedHandle(_DeviceHandle):
     def _order_after_landing(self, compute: Any) -> None:
         compute.wait_event(self._landed)
 
-    def is_completed(self) -> bool:
-        return self._landed.query()
-
     @property
     def comm_seconds(self) -> float:
         self._landed.synchronize()
@@ -306,9 +291,6 @@ class _HostLandedHandle(_DeviceHandle):
                 work.wait()
         self._completion.settle(self._clock.now())
         compute.wait_stream(self._side)
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
 
     @property
     def comm_seconds(self) -> float:
@@ -341,11 +323,9 @@ def start_on_device(
         works = [all_reduce(bucket) for bucket in buckets]
         if not lands_on_stream:
             return _HostLandedHandle(clock, works, launched, queued_at, side)
-        try:
+        with _failures_named():
             for work in works:
                 work.wait()  # orders the side stream after NCCL's; the host does not block
-        except RuntimeError as err:
-            raise _failed(err) from err
         landed = clock.new_event()
         landed.record(side)
     return _StreamLandedHandle(clock, works, launched, landed, queued_at)
@@ -391,13 +371,11 @@ class TorchDistCommunicator:
         return cls(group, device)
 
     def _all_reduce(self, bucket: Tensor) -> dist.Work:
-        try:
+        with _failures_named():
             return dist.all_reduce(bucket, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        except RuntimeError as err:
-            raise _failed(err) from err
 
     def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
-        share = _share(weight, self.world_size)
+        share = 1.0 / self.world_size if weight is None else float(weight)
         if self._clock is None:
             launched = time.perf_counter()
             for bucket in buckets:
@@ -408,11 +386,9 @@ class TorchDistCommunicator:
         )
 
     def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
-        try:
+        with _failures_named():
             for bucket in buckets:
                 dist.broadcast(bucket, src=dist.get_global_rank(self.group, src), group=self.group)
-        except RuntimeError as err:
-            raise _failed(err) from err
 
     def destroy(self) -> None:
         if self._clock is not None:

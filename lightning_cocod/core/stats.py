@@ -20,9 +20,12 @@ class RoundRecord:
 
     @property
     def hidden_fraction(self) -> float:
-        if self.comm_seconds <= 0.0:
-            return 1.0
-        return min(1.0, max(0.0, 1.0 - self.exposed_seconds / self.comm_seconds))
+        return _hidden(self.exposed_seconds, self.comm_seconds)
+
+
+def _hidden(exposed_seconds: float, comm_seconds: float) -> float:
+    """The share of the communication time that compute covered (all of it when there was none)."""
+    return 1.0 if comm_seconds <= 0.0 else min(1.0, max(0.0, 1.0 - exposed_seconds / comm_seconds))
 
 
 @dataclass
@@ -56,8 +59,7 @@ class CommStats:
 
     @property
     def hidden_fraction(self) -> float:
-        total = self.comm_seconds
-        return 1.0 if total <= 0.0 else min(1.0, max(0.0, 1.0 - self.exposed_seconds / total))
+        return _hidden(self.exposed_seconds, self.comm_seconds)
 
     def summary(self) -> dict[str, float]:
         return {

@@ -18,8 +18,6 @@ removes everything, including what a SIGKILLed launcher left (`remove_stale_name
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -29,20 +27,14 @@ from dataclasses import dataclass
 
 from lightning_cocod.launch import netns
 from lightning_cocod.launch.netns import (
-    LatencyUnsupported,
     ShapedLink,
     _ip,
-    _warn,
     burst_bytes,
-    delete_namespace,
-    describe_link,
+    namespaces_or_unshaped,
     parse_latency,
     parse_rate,
-    remove_stale_namespaces,
     shape_device,
     shaped_namespace,
-    signals_deferred,
-    terminate_as_exception,
 )
 
 TOPOLOGIES = ("loopback", "pernode")
@@ -64,11 +56,7 @@ class Cluster:
     nodes: tuple[str, ...]
     rate: int | None
     burst: int | None = None
-    latency: float | None = None
-
-    @property
-    def in_namespaces(self) -> bool:
-        return True
+    in_namespaces = True
 
     @staticmethod
     def address(rank: int) -> str:
@@ -77,50 +65,17 @@ class Cluster:
     def wrap(self, cmd: Sequence[str], rank: int) -> list[str]:
         return [netns.IP, "netns", "exec", self.nodes[rank], *cmd]
 
-    def rank_command(self, cmd: list[str], rank: int) -> list[str]:
-        return self.wrap(cmd, rank)
-
     def rank_env(self, rank: int) -> dict[str, str]:
         # Rank 0's store listens on its node's address; gloo must use the node's own veth.
         return {"MASTER_ADDR": self.address(0), "GLOO_SOCKET_IFNAME": NODE_IFNAME, "TP_SOCKET_IFNAME": NODE_IFNAME}
 
 
-Link = Cluster | ShapedLink  # what a run's ranks are started in: `rank_command`, `rank_env`
+Link = Cluster | ShapedLink  # what a run's ranks are started in: `wrap`, `rank_env`, `address`
 
 
 def burst_of(topology: str, bps: int) -> int:
     """The bucket, in bytes, of a link of this topology at `bps`."""
     return burst_bytes(bps, floor=_MIN_LINK_BURST) if topology == "pernode" else burst_bytes(bps)
-
-
-def _check_nodes(nodes: int) -> None:
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-        raise ValueError(f"a per-node cluster has 1 to {MAX_NODES} nodes (one /24), got {nodes!r}")
-
-
-def _build(cluster: Cluster) -> None:
-    """Create the switch, then each node and its shaped veth pair; raises on the first failure."""
-    sw = cluster.switch
-    _ip("netns", "add", sw)
-    _ip("-n", sw, "link", "add", "br0", "type", "bridge")
-    _ip("-n", sw, "link", "set", "br0", "up")
-    for rank, node in enumerate(cluster.nodes):
-        port = f"p{rank}"
-        _ip("netns", "add", node)
-        _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_IFNAME, "netns", node)
-        _ip("-n", sw, "link", "set", port, "master", "br0", "up")
-        _ip("-n", node, "addr", "add", f"{cluster.address(rank)}/24", "dev", NODE_IFNAME)
-        _ip("-n", node, "link", "set", NODE_IFNAME, "up")
-        _ip("-n", node, "link", "set", "lo", "up")
-        shape_device(node, NODE_IFNAME, cluster.rate, cluster.burst, cluster.latency)
-        shape_device(sw, port, cluster.rate, cluster.burst, None)
-
-
-def _delete(cluster: Cluster) -> None:
-    # Nodes first: deleting one removes its veth pair, so the switch goes last and empty.
-    for name in (*cluster.nodes, cluster.switch):
-        with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
-            delete_namespace(name)
 
 
 @contextlib.contextmanager
@@ -129,44 +84,36 @@ def pernode_cluster(
 ) -> Iterator[Link]:
     """`nodes` namespaces on one bridge, each link shaped to `rate` both ways, deleted on exit.
 
-    Without root, or when the topology cannot be built, the block runs on the plain loopback
-    (an unshaped ShapedLink) and a one-line warning says so, as `shaped_namespace` does; a
-    latency on a kernel without netem raises LatencyUnsupported instead, leaving nothing behind.
+    Without root, or where the topology cannot be built, the block runs on the plain loopback (an
+    unshaped ShapedLink), as `namespaces_or_unshaped` says.
     """
-    _check_nodes(nodes)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"a per-node cluster has 1 to {MAX_NODES} nodes (one /24), got {nodes!r}")
     bps, delay = parse_rate(rate), parse_latency(latency)
-    with terminate_as_exception():
-        if os.geteuid() != 0:
-            reason = "network namespaces need root"
-        else:
-            remove_stale_namespaces(name_prefix)
-            base = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
-            cluster = Cluster(
-                switch=f"{base}-sw",
-                nodes=tuple(f"{base}-n{rank}" for rank in range(nodes)),
-                rate=bps,
-                burst=burst_of("pernode", bps) if bps is not None else None,
-                latency=delay,
-            )
-            reason = None
-            try:
-                # Held signals: an interrupt mid-setup is raised only in the `finally` below,
-                # which deletes whatever part of the topology exists by then.
-                with signals_deferred():
-                    try:
-                        _build(cluster)
-                    except LatencyUnsupported:
-                        raise
-                    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-                        reason = f"could not build the per-node topology: {err}"
-                if reason is None:
-                    yield cluster
-                    return
-            finally:
-                with signals_deferred():
-                    _delete(cluster)
-        _warn(f"running UNSHAPED on one loopback instead of per-node links at {describe_link(bps, delay)}: {reason}")
-        yield ShapedLink(name=None, rate=None, reason=reason)
+    burst = burst_of("pernode", bps) if bps is not None else None
+
+    def build(base: str) -> Cluster:
+        """The switch, then each node and its shaped veth pair; raises on the first failure."""
+        sw = f"{base}-sw"
+        cluster = Cluster(sw, tuple(f"{base}-n{rank}" for rank in range(nodes)), bps, burst)
+        _ip("netns", "add", sw)
+        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        _ip("-n", sw, "link", "set", "br0", "up")
+        for rank, node in enumerate(cluster.nodes):
+            port = f"p{rank}"
+            _ip("netns", "add", node)
+            _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_IFNAME, "netns", node)
+            _ip("-n", sw, "link", "set", port, "master", "br0", "up")
+            _ip("-n", node, "addr", "add", f"{cluster.address(rank)}/24", "dev", NODE_IFNAME)
+            _ip("-n", node, "link", "set", NODE_IFNAME, "up")
+            _ip("-n", node, "link", "set", "lo", "up")
+            shape_device(node, NODE_IFNAME, bps, burst, delay)
+            shape_device(sw, port, bps, burst, None)
+        return cluster
+
+    instead_of = "on one loopback instead of per-node links"
+    with namespaces_or_unshaped(name_prefix, build, instead_of, bps, delay) as link:
+        yield link
 
 
 def network(
@@ -197,13 +144,10 @@ if role == "serve":
         conn, _ = server.accept()
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            received = 0
-            while received < nbytes:
-                chunk = conn.recv(1 << 16)
-                if not chunk:
-                    raise SystemExit(f"peer closed after {received} of {nbytes} bytes")
-                received += len(chunk)
             if nbytes:
+                received = len(conn.recv(nbytes, socket.MSG_WAITALL))  # all of it, unless the peer left
+                if received < nbytes:
+                    raise SystemExit(f"peer closed after {received} of {nbytes} bytes")
                 conn.sendall(b"k")
             for _ in range(count):
                 conn.sendall(conn.recv(1))
@@ -231,28 +175,17 @@ else:
 def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int, timeout_s: float) -> list[list[float]]:
     python = [sys.executable, "-P"]  # -P: nothing from the current folder (see workers.worker_command)
     servers, clients = [], []
-
-    def address(rank: int) -> str:
-        return link.rank_env(rank)["MASTER_ADDR"] if isinstance(link, ShapedLink) else link.address(rank)
-
+    pipe = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "text": True}
     try:
         for _, dst in flows:
-            cmd = [*python, "-c", _PROBE, "serve", address(dst), str(nbytes), str(count)]
-            servers.append(
-                subprocess.Popen(
-                    link.rank_command(cmd, dst), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
-                )
-            )
+            cmd = [*python, "-c", _PROBE, "serve", link.address(dst), str(nbytes), str(count)]
+            servers.append(subprocess.Popen(link.wrap(cmd, dst), **pipe))
         ports = [server.stdout.readline().strip() for server in servers]
         # A common start, so concurrent flows overlap although their interpreters start apart.
         start = time.monotonic() + 0.5 + 0.1 * len(flows)
         for (src, dst), port in zip(flows, ports):
-            cmd = [*python, "-c", _PROBE, "send", address(dst), port, str(nbytes), str(count), repr(start)]
-            clients.append(
-                subprocess.Popen(
-                    link.rank_command(cmd, src), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
-                )
-            )
+            cmd = [*python, "-c", _PROBE, "send", link.address(dst), port, str(nbytes), str(count), repr(start)]
+            clients.append(subprocess.Popen(link.wrap(cmd, src), **pipe))
         outputs = []
         for client in clients:
             out, _ = client.communicate(timeout=timeout_s)

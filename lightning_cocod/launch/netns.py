@@ -25,24 +25,29 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from typing import TypeVar
 
 # Module-level so a test can point it at a binary that fails, to exercise the fallback.
 IP = "ip"
 
 _UNSHAPED_WORDS = {"none", "unshaped"}
 # tc's kbit/mbit/gbit are SI (1000-based); so are these, so a rate reads the same in both.
-_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
 _MIN_BURST_BYTES = 256 * 1024
 # tbf needs burst >= rate / HZ or it can never send at the full rate; 250 is the lowest HZ in
 # common kernel configs, so rate_bytes / 250 is enough whatever HZ this kernel was built with.
 _LOWEST_HZ = 250
-_LATENCY = "100ms"
-_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_DURATION_UNITS = {"us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)}
+_SETUP_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
+
+
+def _quantity(text: str, units: dict[str, int | Decimal]) -> Decimal | None:
+    """A number and one of `units` (as tc writes them: "2.5gbit", "50us") in the base unit, or None."""
+    match = re.fullmatch(rf"(\d+(?:\.\d+)?)({'|'.join(units)})", text)
+    return Decimal(match[1]) * units[match[2]] if match else None
 
 
 def parse_rate(rate: str | int | None) -> int | None:
@@ -58,13 +63,7 @@ def parse_rate(rate: str | int | None) -> int | None:
     text = rate.strip().lower()
     if text in _UNSHAPED_WORDS:
         return None
-    match = _RATE_RE.match(text)
-    bps = None
-    if match:
-        try:
-            bps = Decimal(match.group(1)) * _UNITS[match.group(2)]
-        except InvalidOperation:
-            bps = None
+    bps = _quantity(text, _UNITS)
     # A fraction of a bit per second cannot be given to tc, and zero would stall every worker.
     if bps is None or bps <= 0 or bps != bps.to_integral_value():
         raise ValueError(
@@ -85,12 +84,12 @@ def parse_latency(latency: str | float | None) -> float | None:
     text = str(latency).strip().lower()
     if text in _UNSHAPED_WORDS or text == "0":
         return None
-    match = _DURATION_RE.match(text)
-    if not match:
+    seconds = _quantity(text, _DURATION_UNITS)
+    if seconds is None:
         raise ValueError(
             f"latency {latency!r} is not understood: use a number followed by us, ms or s (e.g. 50us), or 'none'"
         )
-    return float(Decimal(match.group(1)) * Decimal(str(_DURATION_UNITS[match.group(2)]))) or None
+    return float(seconds) or None
 
 
 def format_latency(seconds: float | None) -> str:
@@ -102,24 +101,15 @@ def format_rate(bps: int | None) -> str:
     """The shortest tc-style spelling of a rate; 'unshaped' for None."""
     if bps is None:
         return "unshaped"
-    for unit, scale in sorted(_UNITS.items(), key=lambda kv: -kv[1]):
+    for unit, scale in _UNITS.items():  # the largest unit first
         if bps >= scale:
-            value = Decimal(bps) / scale
-            text = format(value.normalize(), "f")
-            return f"{text}{unit}"
+            return f"{format((Decimal(bps) / scale).normalize(), 'f')}{unit}"
     return f"{bps}bit"
-
-
-def describe_link(bps: int | None, delay: float | None) -> str:
-    return format_rate(bps) + (f" with {format_latency(delay)} delay" if delay is not None else "")
 
 
 def burst_bytes(bps: int, floor: int = _MIN_BURST_BYTES) -> int:
     """The token bucket of a link at `bps`: one timer tick's worth at the rate, at least `floor`."""
     return max(floor, -(-bps // (8 * _LOWEST_HZ)))
-
-
-LOOPBACK_ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 
 
 class LatencyUnsupported(RuntimeError):
@@ -133,84 +123,72 @@ class ShapedLink:
     name: str | None
     rate: int | None
     reason: str | None = None
-    burst: int | None = None
-    latency: float | None = None
-
-    @property
-    def shaped(self) -> bool:
-        return self.name is not None
 
     @property
     def in_namespaces(self) -> bool:
         """Whether the ranks run in namespaces made for this run (where any port is free)."""
         return self.name is not None
 
-    def wrap(self, cmd: list[str]) -> list[str]:
-        """`cmd` as run inside the namespace (unchanged when unshaped)."""
-        if self.name is None:
-            return list(cmd)
-        return [IP, "netns", "exec", self.name, *cmd]
+    shaped = in_namespaces
 
-    def rank_command(self, cmd: list[str], rank: int) -> list[str]:
-        """Every rank shares the one namespace."""
-        return self.wrap(cmd)
+    @staticmethod
+    def address(rank: int) -> str:
+        return "127.0.0.1"
+
+    def wrap(self, cmd: Sequence[str], rank: int = 0) -> list[str]:
+        """`cmd` as rank `rank` runs it: in the one namespace every rank shares (as is when unshaped)."""
+        return list(cmd) if self.name is None else [IP, "netns", "exec", self.name, *cmd]
 
     def rank_env(self, rank: int) -> dict[str, str]:
         # gloo and tensorpipe otherwise pick the interface the hostname resolves to, which does
         # not exist inside the namespace and would take the traffic off the shaped loopback.
-        return dict(LOOPBACK_ENV)
+        return {"MASTER_ADDR": self.address(rank), "GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     # Never trust an inherited stdin: a hung `ip` waiting on a terminal would stall the cleanup.
-    proc = subprocess.run(
-        [IP, *args], check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
-    )
+    proc = subprocess.run([IP, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     if check and proc.returncode != 0:
         raise RuntimeError(f"`{IP} {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
 
 
-def list_namespaces() -> list[str]:
+def _ip_words(*args: str) -> list[str]:
+    """The first word of each line `ip` prints, or nothing where it cannot run."""
     try:
-        proc = _ip("netns", "list", check=False)
+        return [line.split()[0] for line in _ip(*args, check=False).stdout.splitlines() if line.strip()]
     except (OSError, subprocess.SubprocessError):
         return []
-    # Lines look like "NAME" or "NAME (id: 3)".
-    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def namespace_pids(name: str) -> list[int]:
-    try:
-        proc = _ip("netns", "pids", name, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(tok) for tok in proc.stdout.split() if tok.isdigit()]
-
-
-def kill_namespace_processes(name: str, wait_s: float = 5.0) -> list[int]:
-    """SIGKILL every process inside the namespace and wait for them to go; returns those killed.
+def kill_namespace_processes(name: str, wait_s: float = 5.0) -> None:
+    """SIGKILL every process inside the namespace and wait for them to go.
 
     `ip netns del` only removes the name: a process still inside keeps the namespace (and the
     workers' sockets) alive, so they must be gone first.
     """
-    killed: list[int] = []
-    deadline = time.monotonic() + wait_s
+    me, deadline = os.getpid(), time.monotonic() + wait_s
     while True:
-        pids = [pid for pid in namespace_pids(name) if pid != os.getpid()]
+        pids = [int(pid) for pid in _ip_words("netns", "pids", name) if pid.isdigit() and int(pid) != me]
         if not pids or time.monotonic() > deadline:
-            return killed
+            return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
         time.sleep(0.05)
 
 
-def delete_namespace(name: str) -> None:
-    kill_namespace_processes(name)
-    if name in list_namespaces():
-        _ip("netns", "del", name)
+def delete_namespaces(chosen: Callable[[str], bool]) -> None:
+    """Delete every namespace whose name is `chosen`, and the processes in it. Cleanup goes on past
+    a failure, which is only reported: it runs in `finally` blocks, where raising would hide the
+    error that brought it there."""
+    for name in _ip_words("netns", "list"):  # lines look like "NAME" or "NAME (id: 3)"
+        if chosen(name):
+            kill_namespace_processes(name)
+            try:
+                _ip("netns", "del", name)
+            except _SETUP_ERRORS as err:
+                _warn(f"could not delete network namespace {name}: {err}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -219,11 +197,11 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, someone else's
-        return True
+        pass
     return True
 
 
-def remove_stale_namespaces(name_prefix: str) -> list[str]:
+def remove_stale_namespaces(name_prefix: str) -> None:
     """Delete namespaces this module named for a launcher process that no longer exists.
 
     Only a SIGKILLed launcher leaves one behind; its name embeds the launcher's pid, so a
@@ -231,14 +209,7 @@ def remove_stale_namespaces(name_prefix: str) -> list[str]:
     """
     # A cluster's namespaces add a role ("-sw", "-n3") to the same name.
     pattern = re.compile(rf"^{re.escape(name_prefix)}-(\d+)-[0-9a-f]+(?:-[a-z0-9]+)?$")
-    removed = []
-    for name in list_namespaces():
-        match = pattern.match(name)
-        if match and not _pid_alive(int(match.group(1))):
-            with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
-                delete_namespace(name)
-                removed.append(name)
-    return removed
+    delete_namespaces(lambda name: bool(found := pattern.match(name)) and not _pid_alive(int(found[1])))
 
 
 @contextlib.contextmanager
@@ -250,8 +221,7 @@ def signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         yield
     finally:
@@ -276,10 +246,11 @@ def terminate_as_exception() -> Iterator[None]:
     def _raise(signum, _frame):
         raise Terminated(128 + signum)
 
-    installed = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) == signal.SIG_DFL:
-            installed[sig] = signal.signal(sig, _raise)
+    installed = {
+        sig: signal.signal(sig, _raise)
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(sig) == signal.SIG_DFL
+    }
     try:
         yield
     finally:
@@ -297,7 +268,7 @@ def shape_device(namespace: str, device: str, bps: int | None, burst: int | None
     Raises LatencyUnsupported when a delay is asked for and the kernel has no netem.
     """
     tc = ("netns", "exec", namespace, "tc", "qdisc", "add", "dev", device)
-    tbf = ("tbf", "rate", f"{bps}bit", "burst", f"{burst}b", "latency", _LATENCY)
+    tbf = ("tbf", "rate", f"{bps}bit", "burst", f"{burst}b", "latency", "100ms")
     if delay is None:
         if bps is not None:
             _ip(*tc, "root", *tbf)
@@ -314,22 +285,49 @@ def shape_device(namespace: str, device: str, bps: int | None, burst: int | None
         _ip(*tc, "parent", "1:1", "handle", "10:", *tbf)
 
 
-def _try_create(name: str, bps: int | None, burst: int | None, delay: float | None) -> str | None:
-    """Create and shape the namespace; the reason it could not be done, or None."""
-    try:
-        _ip("netns", "add", name)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-        return f"could not create a network namespace: {err}"
-    try:
-        _ip("netns", "exec", name, IP, "link", "set", "lo", "up")
-        shape_device(name, "lo", bps, burst, delay)
-    except LatencyUnsupported:
-        delete_namespace(name)
-        raise
-    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-        delete_namespace(name)
-        return f"could not shape the namespace's loopback: {err}"
-    return None
+Built = TypeVar("Built")
+
+
+@contextlib.contextmanager
+def namespaces_or_unshaped(
+    name_prefix: str, build: Callable[[str], Built], instead_of: str, bps: int | None, delay: float | None
+) -> Iterator[Built | ShapedLink]:
+    """What `build(base)` makes of namespaces named `base` or `base-ROLE` for links of `bps` and
+    `delay`, deleted on exit whatever happens; SIGTERM/SIGHUP meanwhile raise `Terminated`, so
+    that the deletion runs.
+
+    Without root, or when `build` fails, the block still runs, unshaped, on the host's loopback,
+    and a one-line warning on stderr says so (running UNSHAPED `instead_of` the links asked for):
+    a comparison that silently ran at full speed would be worse than no comparison. A latency
+    this kernel cannot add (LatencyUnsupported) is raised instead, leaving nothing behind.
+    """
+    with terminate_as_exception():
+        reason = "network namespaces need root"
+        if os.geteuid() == 0:
+            remove_stale_namespaces(name_prefix)
+            # The pid lets remove_stale_namespaces tell a dead run's namespaces from a live one's.
+            base = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
+            built = None
+            try:
+                # Held signals: an interrupt mid-setup is raised only in the `finally` below,
+                # which deletes whatever part of the namespaces exists by then.
+                with signals_deferred():
+                    try:
+                        built = build(base)
+                    except LatencyUnsupported:
+                        raise
+                    except _SETUP_ERRORS as err:
+                        reason = f"could not create the shaped network: {err}"
+                if built is not None:
+                    yield built
+                    return
+            finally:
+                with signals_deferred():
+                    # `base` itself, or a part of the whole named after it (a cluster's base-sw, base-n3)
+                    delete_namespaces(lambda name: name == base or name.startswith(f"{base}-"))
+        delayed = f" with {format_latency(delay)} delay" if delay is not None else ""
+        _warn(f"running UNSHAPED {instead_of} at {format_rate(bps)}{delayed}: {reason}")
+        yield ShapedLink(name=None, rate=None, reason=reason)
 
 
 @contextlib.contextmanager
@@ -338,37 +336,21 @@ def shaped_namespace(
 ) -> Iterator[ShapedLink]:
     """A fresh network namespace whose loopback runs at `rate`, deleted on exit whatever happens.
 
-    `latency` adds that one-way delay to every packet (netem; LatencyUnsupported without it).
-    Without root, or when the namespace cannot be made, the block still runs, unshaped, and a
-    one-line warning on stderr says so: a comparison that silently ran at full speed would be
-    worse than no comparison.
+    `latency` adds that one-way delay to every packet (netem). Without root, or where the
+    namespace cannot be made, the block runs unshaped, as `namespaces_or_unshaped` says.
     """
-    bps = parse_rate(rate)
-    delay = parse_latency(latency)
-    with terminate_as_exception():
-        if bps is None and delay is None:
+    bps, delay = parse_rate(rate), parse_latency(latency)
+    if bps is None and delay is None:
+        with terminate_as_exception():
             yield ShapedLink(name=None, rate=None, reason="no rate requested")
-            return
-        if os.geteuid() != 0:
-            reason = "network namespaces need root"
-        else:
-            remove_stale_namespaces(name_prefix)
-            # The pid lets remove_stale_namespaces tell a dead run's namespace from a live one.
-            name = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(3)}"
-            burst = burst_bytes(bps) if bps is not None else None
-            created = False
-            try:
-                # Held signals make setup all-or-nothing: an interrupt arriving mid-setup is
-                # raised only once `created` says whether there is a namespace to delete.
-                with signals_deferred():
-                    reason = _try_create(name, bps, burst, delay)
-                    created = reason is None
-                if created:
-                    yield ShapedLink(name=name, rate=bps, burst=burst, latency=delay)
-                    return
-            finally:
-                if created:
-                    with signals_deferred():
-                        delete_namespace(name)
-        _warn(f"running UNSHAPED instead of at {describe_link(bps, delay)}: {reason}")
-        yield ShapedLink(name=None, rate=None, reason=reason)
+        return
+    burst = burst_bytes(bps) if bps is not None else None
+
+    def build(name: str) -> ShapedLink:
+        _ip("netns", "add", name)
+        _ip("netns", "exec", name, IP, "link", "set", "lo", "up")
+        shape_device(name, "lo", bps, burst, delay)
+        return ShapedLink(name=name, rate=bps)
+
+    with namespaces_or_unshaped(name_prefix, build, "instead of", bps, delay) as link:
+        yield link

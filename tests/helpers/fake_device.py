@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Future
 
+import torch
+
 
 class FakeStream:
     def __init__(self, timeline: FakeTimeline, name: str) -> None:
@@ -113,14 +115,6 @@ class FakeTimeline:
         stream.tail = max(stream.tail, self.host) + seconds
 
 
-class _FakeFuture:
-    def __init__(self, work: _FakeWork) -> None:
-        self.work = work
-
-    def then(self, callback) -> None:
-        self.work.timeline.at(self.work.done, lambda: callback(self))
-
-
 class _FakeWork:
     def __init__(self, timeline: FakeTimeline, seconds: float) -> None:
         self.timeline = timeline
@@ -129,8 +123,11 @@ class _FakeWork:
         self.done = self.start + seconds
         self.host_waits = 0
 
-    def get_future(self) -> _FakeFuture:
-        return _FakeFuture(self)
+    def get_future(self) -> torch.futures.Future:
+        """Completes when the host reaches the collective's end, as gloo's thread would mark it."""
+        future = torch.futures.Future()
+        self.timeline.at(self.done, lambda: future.set_result(None))
+        return future
 
 
 class FakeNcclWork(_FakeWork):
