@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 
 from lightning_cocod.callbacks import ProgressLine
 from lightning_cocod.data import SyntheticDataModule
-from lightning_cocod.launch import launch_workers
+from lightning_cocod.launch import launch_workers, rank_and_world_size
 from lightning_cocod.models import MODEL_NAMES, ClassifierModule, build_model
 from lightning_cocod.tools.compare import require_at_least
 from lightning_cocod.tools.worker import check_accelerator, placement
@@ -173,7 +172,7 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
     """One rank of ``--allreduce``: the strategies' collective (scale, then a SUM all-reduce of one
     flat buffer of the model's size), launch to completion, on the benchmark's placement."""
     spec = json.loads(spec_json)
-    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    rank, world_size = rank_and_world_size()
     gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
     record = placement(
         spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)

@@ -33,7 +33,7 @@ from lightning_cocod.callbacks import (
     StepTimer,
 )
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
-from lightning_cocod.launch import write_result
+from lightning_cocod.launch import rank_and_world_size, write_result
 from lightning_cocod.models import ClassifierModule, build_model
 from lightning_cocod.tools.compare import BOUND
 from lightning_cocod.trainer import build_trainer
@@ -132,8 +132,7 @@ def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec.get("threads", 1))
     method = spec["method"]
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    rank, world_size = rank_and_world_size()
     accelerator = spec.get("accelerator", "cpu")
     gpus = torch.cuda.device_count() if accelerator == "gpu" else 0
     where = placement(accelerator, method, world_size, rank, gpus, bool(spec.get("one_device", False)))
