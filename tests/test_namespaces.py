@@ -114,3 +114,21 @@ def test_spawn_without_a_main_guard_names_our_strategy(monkeypatch):
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(RuntimeError, match=r"`if __name__ == \"__main__\":`.*strategy='cocod' \(start_method 'popen'\)"):
         pl.Trainer(strategy="cocod_spawn", accelerator="cpu", devices=2)
+
+
+@pytest.mark.parametrize(
+    ("trainer_package", "strategy_home", "expected"),
+    [
+        ("pytorch_lightning", "lightning_cocod.lightning", "a pytorch_lightning Trainer takes lightning_cocod.CoCoDStrategy"),
+        ("lightning.pytorch", "lightning_cocod", "a lightning.pytorch Trainer takes lightning_cocod.lightning.CoCoDStrategy"),
+    ],
+)
+def test_a_trainer_of_the_other_namespace_names_the_module_with_its_class(trainer_package, strategy_home, expected):
+    import importlib
+
+    trainer_class = importlib.import_module(trainer_package).Trainer
+    strategy = importlib.import_module(strategy_home).CoCoDStrategy(tau=3)
+    with pytest.raises(ValueError, match="invalid strategy") as refused:
+        trainer_class(strategy=strategy, accelerator="cpu", devices=2)
+    assert expected in str(refused.value)
+    assert str(strategy) == "CoCoDStrategy(tau=3, progress=1.0, average_buffers=True, start_method='popen')"

@@ -16,7 +16,11 @@ from typing import Any
 from lightning_cocod._registration import NAMESPACES
 from lightning_cocod.methods import METHODS, Method
 
-__all__ = ["NAMESPACES", "build", "install", "mixin", "register"]
+__all__ = ["HOMES", "NAMESPACES", "build", "install", "mixin", "register"]
+
+
+# Where a user imports the classes of each namespace from (``lightning_cocod.pl`` is also the top level).
+HOMES = {"pytorch_lightning": "lightning_cocod", "lightning.pytorch": "lightning_cocod.lightning"}
 
 
 def mixin(entry: Method) -> type:
@@ -33,7 +37,7 @@ def build(package: str, home: str) -> dict[str, type]:
         name, logic = entry.strategy_class, mixin(entry)
         attributes = {
             "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
-            "strategy_name": entry.name, "strategy_description": entry.description,
+            "strategy_name": entry.name, "strategy_description": entry.description, "namespace": package,
         }
         classes[name] = type(name, (logic, ddp), attributes)
     return classes
