@@ -47,7 +47,9 @@ def test_cocod_rounds_from_a_plain_loop_follow_the_update_rule():
     expected, _ = toy.reference_cocod(WORLD, STEPS, TAU)
     torch.testing.assert_close(torch.tensor(trajectory), torch.tensor(expected), rtol=0, atol=1e-6)
     assert [(r.launch_step, r.finish_step) for r in rounds[0].comm_stats.rounds] == [(0, 4), (4, 8)]
-    assert rounds[0].state() == {"class": "loop", "steps": STEPS, "weight": None, "tau": TAU, "tau_history": [(0, TAU)]}
+    assert rounds[0].state() == {
+        "class": "loop", "steps": STEPS, "weight": None, "tau": TAU, "tau_history": [(0, TAU)],
+    }
 
 
 def test_the_rounds_import_no_lightning():
@@ -56,5 +58,7 @@ def test_the_rounds_import_no_lightning():
         "print(sorted(m for m in ('pytorch_lightning', 'lightning') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "[]"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lightning_cocod.methods import METHODS
 from lightning_cocod.strategies.base import SyncStrategyBase
 from lightning_cocod.strategies.checkpointing import CheckpointError
 from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
@@ -26,11 +27,9 @@ from lightning_cocod.strategies.reliability import (
 from lightning_cocod.strategies.rounds import Rounds
 from lightning_cocod.strategies.ssgd import SSGDMethod
 
-_CLASSES = ("CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy")
-
 
 def __getattr__(name: str) -> Any:
-    if name in _CLASSES:
+    if name in {entry.strategy_class for entry in METHODS.values()}:
         return getattr(importlib.import_module("lightning_cocod.pl"), name)
     raise AttributeError(f"module 'lightning_cocod.strategies' has no attribute {name!r}")
 

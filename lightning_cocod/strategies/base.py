@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 # we never build; DDPStrategy passes any other keyword on to DistributedDataParallel, whose own are
 # read from it.
 _PASSED_ON = (
-    "accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin", "process_group_backend"
+    "accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin",
+    "process_group_backend",
 )
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
 
@@ -39,7 +40,9 @@ def _ddp_options() -> set[str]:
 
 def of_rounds(name: str) -> property:
     """The strategy's attribute ``name`` is its rounds'."""
-    return property(lambda self: getattr(self.rounds, name), lambda self, value: setattr(self.rounds, name, value))
+    return property(
+        lambda self: getattr(self.rounds, name), lambda self, value: setattr(self.rounds, name, value)
+    )
 
 
 class SyncStrategyBase(StrategyCommon):
@@ -50,6 +53,7 @@ class SyncStrategyBase(StrategyCommon):
     weight = of_rounds("weight")  # this rank's share in every average; a sampling callback may set it
     skipped = of_rounds("skipped")
     peak_buffer_bytes = of_rounds("peak_buffer_bytes")
+    buffer_bytes = of_rounds("buffer_bytes")  # read-only: what the flat buffers hold now
     average_buffers = of_rounds("average_buffers")
     on_nonfinite = of_rounds("on_nonfinite")
     _steps = of_rounds("steps")
@@ -85,10 +89,6 @@ class SyncStrategyBase(StrategyCommon):
 
     def _request_lag(self) -> int:
         return self.rounds.request_lag()
-
-    @property
-    def buffer_bytes(self) -> int:
-        return self.rounds.buffer_bytes
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -232,7 +232,9 @@ class SyncStrategyBase(StrategyCommon):
             with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
                 ranks = gather_to_rank_zero(local, self.world_size)
         if self.global_rank == 0:
-            checkpoint[STATE_KEY] = {"strategy": self.rounds.state(), "world_size": self.world_size, "ranks": ranks}
+            checkpoint[STATE_KEY] = {
+                "strategy": self.rounds.state(), "world_size": self.world_size, "ranks": ranks,
+            }
 
     def _take_restored(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(STATE_KEY)

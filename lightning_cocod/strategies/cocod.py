@@ -274,6 +274,7 @@ class CoCoDMethod(SyncStrategyBase):
     tau = of_rounds("tau")
     tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
     progress = of_rounds("progress")
+    _adaptive = of_rounds("adaptive")  # read by tests/test_bench.py and tests/test_adapt.py (their owners')
 
     def __init__(
         self,
@@ -283,4 +284,5 @@ class CoCoDMethod(SyncStrategyBase):
         progress: float = DEFAULT_PROGRESS,
         **kwargs: Any,
     ) -> None:
-        super().__init__(partial(CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress), **kwargs)
+        rounds = partial(CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress)
+        super().__init__(rounds, **kwargs)

@@ -27,7 +27,12 @@ from lightning_cocod.strategies.checkpointing import (
     remove_stale_temporaries,
 )
 from lightning_cocod.strategies.namespaces import HOMES
-from lightning_cocod.strategies.reliability import ReliableStrategy, RendezvousError, first_line, parse_timeout
+from lightning_cocod.strategies.reliability import (
+    ReliableStrategy,
+    RendezvousError,
+    first_line,
+    parse_timeout,
+)
 from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
 
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")

@@ -27,17 +27,28 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_cocod.core import CommStats, Communicator, FlatBuffer, Handle, RoundRecord, average_blocking, has_nonfinite
-from lightning_cocod.strategies.health import NonFinitePolicy
+from lightning_cocod.core import (
+    CommStats,
+    Communicator,
+    FlatBuffer,
+    Handle,
+    RoundRecord,
+    average_blocking,
+    has_nonfinite,
+)
+from lightning_cocod.strategies.health import NonFiniteError
+
+log = logging.getLogger(__name__)
 
 
-class Rounds(NonFinitePolicy):
+class Rounds:
     """The algorithm-independent part of a round; ``owner`` names the strategy in messages."""
 
     def __init__(self, owner: str, *, average_buffers: bool = True, on_nonfinite: str = "raise") -> None:
@@ -57,7 +68,7 @@ class Rounds(NonFinitePolicy):
         self.module: torch.nn.Module | None = None
         self.optimizers: list[Optimizer] = []
         self.comm: Communicator | None = None
-        self.control: Communicator | None = None  # small messages (flags, figures), on the CPU
+        self.control: Communicator | None = None  # small messages (flags, figures): a CPU group if given
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.tensors: list[Tensor] = []
         self._names: list[str] = []  # what each of ``tensors`` is in the module, for following it
@@ -66,7 +77,7 @@ class Rounds(NonFinitePolicy):
         self._unrecorded: list[tuple[Handle, int, int, int, float]] = []  # rounds whose figures are not read yet
 
     def options(self) -> dict[str, Any]:
-        """The options a user chose, as the constructor takes them (the strategy's ``repr``)."""
+        """The options a user chose, as the constructor takes them (how the strategy prints)."""
         options: dict[str, Any] = {"average_buffers": self.average_buffers}
         if self.on_nonfinite != "raise":
             options["on_nonfinite"] = self.on_nonfinite
@@ -233,6 +244,54 @@ class Rounds(NonFinitePolicy):
             "comm/hidden_fraction": last.hidden_fraction,
             "comm/hidden_fraction_total": self.comm_stats.hidden_fraction,
         }
+
+    # -- non-finite values (see ``health``) ---------------------------------------------------
+
+    def health_flags(self, bad: bool, device: torch.device | None = None) -> Tensor:
+        flags = torch.zeros(self.world_size, dtype=torch.float64, device=device or self.device)
+        flags[self.rank] = float(bad)
+        return flags
+
+    def agree_finite(self, bad: bool, what: str) -> None:
+        assert self.comm is not None
+        flags = self.health_flags(bad)
+        self.comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
+        if self.raise_if_nonfinite(flags, what):
+            # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
+            self.scratch_buffer().pack(self.tensors)
+
+    def raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
+        """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
+        (the caller then drops the pending update)."""
+        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
+        if not bad:
+            return False
+        if self.on_nonfinite == "skip" and len(bad) < self.world_size:
+            self._recover_from(min(set(range(self.world_size)) - set(bad)), bad, what)
+            return True
+        raise NonFiniteError(
+            f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
+            f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
+            "model, and no checkpoint was written from them"
+        )
+
+    def _recover_from(self, source: int, bad: list[int], what: str) -> None:
+        """Workers that went non-finite take the model of a healthy one and restart their optimizer
+        state (momentum would carry the NaN on); the healthy keep theirs."""
+        assert self.comm is not None
+        buffer = self.scratch_buffer()
+        buffer.pack(self.tensors)
+        self.comm.broadcast(buffer.buckets, source)
+        if self.rank in bad:
+            buffer.unpack(self.tensors)
+            for optimizer in self.optimizers:
+                optimizer.state.clear()
+        self.skipped.append((self.steps, bad))
+        if self.rank == 0:
+            log.warning(
+                f"non-finite values on rank {bad} at optimizer step {self.steps} ({what}): update skipped, "
+                f"rank(s) {bad} restarted from rank {source}'s model (on_nonfinite='skip')"
+            )
 
     # -- consistency points ----------------------------------------------------------------
 
