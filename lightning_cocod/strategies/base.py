@@ -56,7 +56,7 @@ class SyncStrategyBase(StrategyCommon):
     buffer_bytes = of_rounds("buffer_bytes")  # read-only: what the flat buffers hold now
     average_buffers = of_rounds("average_buffers")
     on_nonfinite = of_rounds("on_nonfinite")
-    _steps = of_rounds("steps")
+    _steps = of_rounds("steps")  # one count of optimizer steps, for the requests and the rounds
 
     def __init__(
         self,

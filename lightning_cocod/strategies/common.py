@@ -1,6 +1,6 @@
 """The Lightning glue all four strategies of this package share, S-SGD included: options, the
 rendezvous, launchers, Lightning's private attributes we patch, signals and requests, checkpoint
-files, registration.
+files.
 
 Every Lightning hook is defined here once, in the order it runs. Where the strategies that
 average models (``SyncStrategyBase``) do more, the hook calls one of the steps below marked
@@ -36,8 +36,6 @@ from lightning_cocod.strategies.reliability import (
 from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
 
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")
-# The registry names of each strategy: (suffix, start_method).
-_VARIANTS = (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork"))
 
 
 def _no_per_step_sigterm_broadcast() -> None:
@@ -51,8 +49,7 @@ def _interactive() -> bool:
 class StrategyCommon(ReliableStrategy):
     """Mixed in before a DDPStrategy class (see ``namespaces``)."""
 
-    strategy_name: ClassVar[str] = ""
-    strategy_description: ClassVar[str] = ""
+    strategy_name: ClassVar[str] = ""  # its name in the registry (see ``namespaces``)
     namespace: ClassVar[str] = ""  # the Lightning package of the DDPStrategy below this class
 
     def _common_init(self, timeout: Any, start_method: str) -> dict[str, Any]:
@@ -302,15 +299,3 @@ class StrategyCommon(ReliableStrategy):
 
     def _take_worker_results(self, results: dict[str, Any]) -> None:
         """The parent's side of ``_worker_results``."""
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        # Overridden so DDPStrategy's own names ("ddp", ...) are not registered again.
-        if not cls.strategy_name:
-            return
-        for suffix, start_method in _VARIANTS:
-            if cls.strategy_name + suffix not in strategy_registry:
-                strategy_registry.register(
-                    cls.strategy_name + suffix, cls, start_method=start_method,
-                    description=f"{cls.strategy_description} (start_method '{start_method}')",
-                )
