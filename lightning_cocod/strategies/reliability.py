@@ -1,6 +1,7 @@
 """What lets a long run survive a real cluster, shared by every strategy of this package (S-SGD
 included): one validated timeout, a dead peer named in every collective, a coordinated stop when
-any one worker is preempted, and checkpoints that are whole or absent.
+any one worker is preempted, and checkpoints that are whole or absent (``checkpointing``, written
+and read by ``common``).
 
 Preemption. A spot node gets SIGTERM alone, a SLURM job SIGUSR1 before its deadline. Lightning's
 own handler broadcasts from rank 0 inside the signal handler, which the other ranks never join
@@ -88,7 +89,7 @@ def first_line(err: BaseException) -> str:
 
 class ReliableStrategy(_MixedInto):
     """Mixin of our strategies over Lightning's DDPStrategy (it relies on ``self._timeout``,
-    ``global_rank``, ``world_size``, ``launcher``, ``lightning_module`` and ``checkpoint_io``)."""
+    ``global_rank``, ``world_size``, ``launcher`` and ``lightning_module``)."""
 
     _timeout: timedelta
 
