@@ -80,7 +80,7 @@ class SlowLink(pl.Callback):
 
             def start_mean(self, buckets, weight=None):
                 handle = inner.start_mean(buckets, weight)
-                if strategy._round is None or buckets is not strategy._round.average.buckets:
+                if strategy.rounds.round is None or buckets is not strategy.rounds.round.average.buckets:
                     return handle
                 real_wait = handle.wait
 
@@ -113,7 +113,7 @@ class SteadySteps(toy.ToyRegression):
     def on_train_start(self):
         # The figures each period was chosen from (all-reduced: the same on every rank), as the
         # strategy measured them: (communication, step, round's own work) seconds, and the period.
-        adaptive, self.figures = self.trainer.strategy._adaptive, []
+        adaptive, self.figures = self.trainer.strategy.rounds.adaptive, []
         chosen = adaptive.update
 
         def update(comm_seconds, step_seconds, round_seconds=0.0):

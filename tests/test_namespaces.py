@@ -114,3 +114,19 @@ def test_spawn_without_a_main_guard_names_our_strategy(monkeypatch):
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(RuntimeError, match=r"`if __name__ == \"__main__\":`.*strategy='cocod' \(start_method 'popen'\)"):
         pl.Trainer(strategy="cocod_spawn", accelerator="cpu", devices=2)
+
+
+@pytest.mark.parametrize(
+    ("trainer_package", "strategy_home", "right_home"),
+    [("pytorch_lightning", "lightning_cocod.lightning", "lightning_cocod"),
+     ("lightning.pytorch", "lightning_cocod", "lightning_cocod.lightning")],
+)
+def test_a_trainer_of_the_other_namespace_names_where_the_class_is(trainer_package, strategy_home, right_home):
+    import importlib
+
+    trainer_class = importlib.import_module(trainer_package).Trainer
+    strategy = importlib.import_module(strategy_home).CoCoDStrategy(tau=3)
+    with pytest.raises(ValueError, match="invalid strategy") as refused:
+        trainer_class(strategy=strategy, accelerator="cpu", devices=2)
+    assert f"a {trainer_package} Trainer takes {right_home}.CoCoDStrategy" in str(refused.value)
+    assert str(strategy) == "CoCoDStrategy(tau=3, progress=1.0, average_buffers=True, start_method='popen')"

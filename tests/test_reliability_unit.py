@@ -55,17 +55,17 @@ def test_auto_bounds_of_zero_are_refused_not_rounded_up():
 
 def test_resuming_auto_keeps_this_fits_bounds_and_the_measurements():
     saved = CoCoDStrategy(tau="auto", tau_max=64)
-    saved._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
-    state = {**saved._strategy_state(), "steps": 40, "tau": saved._adaptive.tau, "tau_history": [(0, 4), (8, 24)]}
+    saved.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
+    state = {**saved.rounds.state(), "steps": 40, "tau": saved.rounds.adaptive.tau, "tau_history": [(0, 4), (8, 24)]}
     assert state["tau"] == 24
     resumed = CoCoDStrategy(tau="auto", tau_min=8, tau_max=8)
-    resumed._load_strategy_state(state)
-    assert (resumed._adaptive.tau_min, resumed._adaptive.tau_max) == (8, 8)
-    assert resumed.tau == 8 and resumed._adaptive.tau == 8
+    resumed.rounds.load_state(state)
+    assert (resumed.rounds.adaptive.tau_min, resumed.rounds.adaptive.tau_max) == (8, 8)
+    assert resumed.tau == 8 and resumed.rounds.adaptive.tau == 8
     assert resumed.tau_history == [(0, 4), (8, 24), (40, 8)]
-    assert resumed._adaptive.comm_seconds == 2.0 and resumed._adaptive.step_seconds == 0.1
+    assert resumed.rounds.adaptive.comm_seconds == 2.0 and resumed.rounds.adaptive.step_seconds == 0.1
     # the next round's rule still runs within this fit's bounds
-    assert resumed._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 8
+    assert resumed.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 8
 
 
 # -- checkpoint files ------------------------------------------------------------------------------

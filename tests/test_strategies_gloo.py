@@ -97,7 +97,7 @@ class RecordOrder(pl.Callback):
                 handle = inner.start_mean(buckets, weight)
                 # Only the model's all-reduce: the tiny control message of each round (figures
                 # and non-finite flags) goes along with it and is not the point.
-                if strategy._round is None or buckets is not strategy._round.average.buckets:
+                if strategy.rounds.round is None or buckets is not strategy.rounds.round.average.buckets:
                     return handle
                 log.append(("launch", strategy._steps))
                 wait = handle.wait

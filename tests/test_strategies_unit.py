@@ -54,7 +54,7 @@ def test_registered_names_resolve_to_fresh_instances():
     a = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     b = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     assert a is not b and a.tau == 4 and a.average_buffers is True
-    assert repr(a) == "CoCoDStrategy(tau=4, progress=1.0, average_buffers=True, start_method='popen')"
+    assert str(a) == "CoCoDStrategy(tau=4, progress=1.0, average_buffers=True, start_method='popen')"
     assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
 
 

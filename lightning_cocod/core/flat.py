@@ -39,18 +39,10 @@ class FlatBuffer:
                 self.views[i] = bucket[offset : offset + numel].view(tensors[i].shape)
                 offset += numel
             self.buckets.append(bucket)
-        self.shapes = [tuple(t.shape) for t in tensors]
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buckets)
-
-    def check_matches(self, tensors: Sequence[Tensor]) -> None:
-        if [tuple(t.shape) for t in tensors] != self.shapes:
-            raise ValueError(
-                "the model's tensors no longer match the flat buffer built at setup "
-                "(a parameter or buffer was added, removed or reshaped after setup)"
-            )
 
     def pack(self, tensors: Sequence[Tensor]) -> None:
         """Copy ``tensors`` into the buffer."""

@@ -1,4 +1,5 @@
-"""The methods' logic (mixins over no Lightning class, see ``namespaces``) and their errors.
+"""The methods' rounds (no Lightning), their logic as Lightning mixins (over no Lightning class, see
+``namespaces``) and their errors.
 
 ``lightning_cocod.strategies.CoCoDStrategy`` & co. are the ``pytorch_lightning`` classes, loaded
 on first use (``lightning_cocod.pl``).
@@ -9,44 +10,33 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning_cocod.strategies.base import StrategyCommon, SyncStrategyBase
+from lightning_cocod.methods import METHODS
+from lightning_cocod.strategies.base import SyncStrategyBase
 from lightning_cocod.strategies.checkpointing import CheckpointError
-from lightning_cocod.strategies.cocod import CoCoDMethod
+from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
+from lightning_cocod.strategies.common import StrategyCommon
 from lightning_cocod.strategies.health import NonFiniteError
-from lightning_cocod.strategies.local_sgd import LocalSGDMethod
-from lightning_cocod.strategies.pipe_sgd import PipeSGDMethod
+from lightning_cocod.strategies.local_sgd import LocalSGDMethod, LocalSGDRounds
+from lightning_cocod.strategies.pipe_sgd import PipeSGDMethod, PipeSGDRounds
 from lightning_cocod.strategies.reliability import (
     PREEMPTED_EXIT_CODE,
     Preempted,
     RendezvousError,
     WorkerLostError,
 )
+from lightning_cocod.strategies.rounds import Rounds
 from lightning_cocod.strategies.ssgd import SSGDMethod
-
-_CLASSES = ("CoCoDStrategy", "LocalSGDStrategy", "PipeSGDStrategy", "SSGDStrategy")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CLASSES:
+    if name in {entry.strategy_class for entry in METHODS.values()}:
         return getattr(importlib.import_module("lightning_cocod.pl"), name)
     raise AttributeError(f"module 'lightning_cocod.strategies' has no attribute {name!r}")
 
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "CheckpointError",
-    "CoCoDMethod",
-    "CoCoDStrategy",
-    "LocalSGDMethod",
-    "LocalSGDStrategy",
-    "NonFiniteError",
-    "PipeSGDMethod",
-    "PipeSGDStrategy",
-    "Preempted",
-    "RendezvousError",
-    "SSGDMethod",
-    "SSGDStrategy",
-    "StrategyCommon",
-    "SyncStrategyBase",
+    "PREEMPTED_EXIT_CODE", "CheckpointError", "CoCoDMethod", "CoCoDRounds", "CoCoDStrategy", "LocalSGDMethod",
+    "LocalSGDRounds", "LocalSGDStrategy", "NonFiniteError", "PipeSGDMethod", "PipeSGDRounds", "PipeSGDStrategy",
+    "Preempted", "RendezvousError", "Rounds", "SSGDMethod", "SSGDStrategy", "StrategyCommon", "SyncStrategyBase",
     "WorkerLostError",
 ]

@@ -308,7 +308,11 @@ def _alive(pid: int) -> bool:
 
 def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
     """Write ``checkpoint`` with its integrity record to ``filepath`` through ``checkpoint_io``:
-    whole, on disk, or not at all."""
+    whole, on disk, or not at all.
+
+    Not ``_files.atomic_write``, which takes bytes: here the user's checkpoint plugin writes the
+    file itself, and the temporary name must hide from Lightning's HPC look-up and carry host and
+    pid, so that a killed writer's leftover is told from a live one's (``remove_stale_temporaries``)."""
     checkpoint = with_integrity_record(checkpoint)
     path = str(filepath)
     if "://" in path:  # remote storage: no rename there, the backend's own semantics apply

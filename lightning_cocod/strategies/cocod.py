@@ -1,9 +1,10 @@
-"""CoCoD-SGD as a Lightning strategy."""
+"""CoCoD-SGD: its rounds (``CoCoDRounds``, no Lightning) and its Lightning strategy."""
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -12,7 +13,8 @@ from torch import Tensor
 from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS, check_progress
-from lightning_cocod.strategies.base import SyncStrategyBase
+from lightning_cocod.strategies.base import SyncStrategyBase, of_rounds
+from lightning_cocod.strategies.rounds import Rounds
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,208 @@ def check_period(owner: str, tau: Any) -> int:
     if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
         raise ValueError(f"{owner}: tau must be a positive integer (optimizer steps per round), got {tau!r}")
     return tau
+
+
+class CoCoDRounds(Rounds):
+    """CoCoD-SGD's rounds: the snapshot launched at a round's start, merged ``tau`` steps later
+    (see ``CoCoDMethod``, whose arguments these are)."""
+
+    def __init__(
+        self,
+        owner: str,
+        tau: int | str = 4,
+        tau_min: int | None = None,
+        tau_max: int | None = None,
+        progress: float = DEFAULT_PROGRESS,
+        **common: Any,
+    ) -> None:
+        self.progress = check_progress(owner, progress)
+        self.adaptive: AdaptivePeriod | None = None
+        if tau == "auto":
+            try:
+                self.adaptive = AdaptivePeriod(
+                    1 if tau_min is None else tau_min, SAFE_TAU_MAX if tau_max is None else tau_max
+                )
+            except ValueError as err:
+                raise ValueError(f"{owner}: {err}") from None
+            self.tau = self.adaptive.tau
+        else:
+            if isinstance(tau, str):
+                raise ValueError(f"{owner}: tau must be a positive integer or 'auto', got {tau!r}")
+            self.tau = check_period(owner, tau)
+            if tau_min is not None or tau_max is not None:
+                raise ValueError(f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset")
+        super().__init__(owner, **common)
+        self.round: CoCoDRound | None = None
+        self._launch_step = 0
+        self._round_started = 0.0
+        self._round_cost = 0.0
+        self._rounds_finished = 0
+        # A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that
+        # reading it never waits on a GPU: the sum over ranks of [an earlier round's
+        # communication seconds, seconds per step, seconds of the round's own work; the number
+        # of ranks that sent figures; one non-finite flag per rank]. Every rank thus agrees on
+        # the figures tau="auto" uses and on who holds NaN/Inf.
+        self._control: Tensor | None = None
+        self._control_handle: Handle | None = None
+        self._snapshot_check: FiniteCheck | None = None
+        # The last timed round: its handle (communication time, once readable), seconds per
+        # step, seconds of own work. Figures carried over from a checkpoint until then.
+        self._timing: tuple[Handle, float, float] | None = None
+        self._measured: tuple[float, ...] | None = None
+        self.tau_history: list[tuple[int, int]] = []
+
+    def results(self) -> dict[str, Any]:
+        return {**super().results(), "tau": self.tau, "tau_history": self.tau_history}
+
+    def options(self) -> dict[str, Any]:
+        tau: Any = "auto" if self.adaptive else self.tau
+        return {"tau": tau, "progress": self.progress, **super().options()}
+
+    def build(self) -> None:
+        assert self.comm is not None
+        self.round = CoCoDRound(self.tensors, self.comm, self.weight, self.progress)
+        self._rounds_finished = 0
+        self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
+        self._timing, self._measured = None, None
+        self.tau_history = [(0, self.tau)]
+
+    def retarget(self) -> None:
+        if self.round is not None:
+            self.round.tensors = self.tensors
+
+    def flat_buffers(self) -> list[FlatBuffer]:
+        mine = [self.round.snapshot, self.round.average] if self.round is not None else []
+        return mine + [b for b in super().flat_buffers() if all(b is not m for m in mine)]
+
+    def scratch_buffer(self) -> FlatBuffer:
+        # With no round in flight the round's all-reduce buffer is idle: the synchronisation
+        # points (checkpoint, end of fit) average in it, so only evaluation in the middle of a
+        # round needs a third copy of the model.
+        if self.round is not None and not self.round.pending:
+            return self.round.average
+        return super().scratch_buffer()
+
+    def begin_step(self) -> None:
+        assert self.round is not None and self.comm is not None
+        if self.round.pending:
+            return
+        beginning = time.perf_counter()
+        self.follow_model()
+        self.round.weight = self.weight
+        self.round.begin()
+        self._launch_step = self.steps
+        self._snapshot_check = FiniteCheck(self.round.snapshot.buckets)
+        self._round_started = time.perf_counter()
+        self._round_cost = self._round_started - beginning
+
+    def end_step(self) -> None:
+        if self.round is not None and self.round.pending and self._control_handle is None:
+            self._launch_control()
+        if self.steps - self._launch_step >= self.tau:
+            self.flush()
+
+    def request_lag(self) -> int:
+        return self.tau  # no tighter than the round itself couples the workers
+
+    def figures(self) -> dict[str, float]:
+        return {**super().figures(), "comm/tau": float(self.tau)}
+
+    def _launch_control(self) -> None:
+        """One step into the round: by now the snapshot's finite check and an earlier round's
+        figures have reached the host, so nothing here waits on a GPU. A non-finite snapshot was
+        sent already, but no rank merges a round whose flags are raised."""
+        started = time.perf_counter()
+        assert self._control is not None and self._snapshot_check is not None
+        self._control[:_FLAGS] = torch.tensor(self._figures_to_send(), dtype=torch.float64)
+        self._control[_FLAGS:] = self.health_flags(self._snapshot_check.result(), device=self._control.device)
+        assert self.control is not None
+        self._control_handle = self.control.start_mean([self._control], 1.0)
+        self._round_cost += time.perf_counter() - started
+
+    def _figures_to_send(self) -> tuple[float, ...]:
+        if self._timing is not None and self._timing[0].figures_ready():
+            handle, step_seconds, round_seconds = self._timing
+            self._measured = (handle.comm_seconds, step_seconds, round_seconds)
+        return (*self._measured, 1.0) if self._measured is not None else (0.0,) * (_FIGURES + 1)
+
+    def flush(self) -> None:
+        if self.round is None or not self.round.pending:
+            return
+        if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
+            self._launch_control()
+        steps = self.steps - self._launch_step
+        compute = time.perf_counter() - self._round_started
+        assert self._control_handle is not None and self._control is not None
+        waiting = time.perf_counter()
+        self._control_handle.wait()  # gloo may finish it before the model's (several threads)
+        self._control_handle = None
+        control = self._control.tolist()
+        waited = time.perf_counter() - waiting
+        where = f"in the snapshot of the round launched at step {self._launch_step}"
+        if self.raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):
+            self.round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
+            return
+        merging = time.perf_counter()
+        self.follow_model()  # the merge lands in the weights the model holds now
+        handle = self.round.finish()
+        # The merge's own time: the host blocking in the wait for the model's all-reduce is
+        # communication, not the round's work (on CUDA it is a stream dependency instead).
+        self._round_cost += max(0.0, time.perf_counter() - merging - handle.blocked_seconds)
+        self.record(handle, self._launch_step, self.round.nbytes, also_waited=waited)
+        if self.adaptive is not None:
+            if control[_COUNT] > 0:  # the mean over the ranks that had figures to send
+                self._adapt_period(*(figure / control[_COUNT] for figure in control[:_FIGURES]))
+            # A fit's first round pays one-time costs (allocations, the group's first collective):
+            # it is not timed.
+            if self._rounds_finished > 0 and steps > 0:
+                self._timing = (handle, compute / steps, self._round_cost)
+        self._rounds_finished += 1
+
+    def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
+        assert self.adaptive is not None
+        old, new = self.tau, self.adaptive.update(comm_seconds, step_seconds, round_seconds)
+        if new != old:
+            self.tau = new
+            self.tau_history.append((self.steps, new))
+            if self.rank == 0:
+                log.info(
+                    f"CoCoD tau {old} -> {new} at step {self.steps} "
+                    f"(communication {comm_seconds:.3f} s and own work {round_seconds:.3f} s per round, "
+                    f"{step_seconds:.3f} s per step)"
+                )
+
+    def state(self) -> dict[str, Any]:
+        state = {**super().state(), "tau": self.tau, "tau_history": self.tau_history}
+        if self.adaptive is not None:
+            state["adaptive"] = {k: list(v) if isinstance(v, list) else v for k, v in vars(self.adaptive).items()}
+            self._figures_to_send()  # the newest readable figures
+            state["measured"] = self._measured
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if self.adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
+            # What was measured carries over; the bounds and rules are the caller's of this fit.
+            adaptive = self.adaptive
+            for key in ("comm_seconds", "step_seconds", "round_seconds", "round_samples", "shorter_asks"):
+                if key in state["adaptive"]:
+                    setattr(adaptive, key, state["adaptive"][key])
+            adaptive.tau = min(max(state["tau"], adaptive.tau_min), adaptive.tau_max)
+            self.tau_history = [tuple(e) for e in state["tau_history"]]
+            if adaptive.tau != state["tau"]:  # the saved period lies outside this fit's bounds
+                self.tau_history.append((self.steps, adaptive.tau))
+            self.tau = adaptive.tau
+            measured = state.get("measured")
+            # Older checkpoints sent zeros for "nothing measured", and had no round cost.
+            if measured is not None and any(measured):
+                self._measured = (*measured, 0.0)[:_FIGURES]
+
+    def abandon(self) -> None:
+        if self.round is not None:
+            self.round.handle = None
+        self._control_handle = None
+        self._timing = None
 
 
 class CoCoDMethod(SyncStrategyBase):
@@ -67,6 +271,11 @@ class CoCoDMethod(SyncStrategyBase):
             parameters; integer buffers always stay local.
     """
 
+    tau = of_rounds("tau")
+    tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
+    progress = of_rounds("progress")
+    _adaptive = of_rounds("adaptive")  # read by tests/test_bench.py and tests/test_adapt.py (their owners')
+
     def __init__(
         self,
         tau: int | str = 4,
@@ -74,190 +283,6 @@ class CoCoDMethod(SyncStrategyBase):
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
         **kwargs: Any,
-    ):
-        owner = type(self).__name__
-        self.progress = check_progress(owner, progress)
-        self._adaptive: AdaptivePeriod | None = None
-        if tau == "auto":
-            try:
-                self._adaptive = AdaptivePeriod(
-                    1 if tau_min is None else tau_min, SAFE_TAU_MAX if tau_max is None else tau_max
-                )
-            except ValueError as err:
-                raise ValueError(f"{owner}: {err}") from None
-            self.tau = self._adaptive.tau
-        else:
-            if isinstance(tau, str):
-                raise ValueError(f"{owner}: tau must be a positive integer or 'auto', got {tau!r}")
-            self.tau = check_period(owner, tau)
-            if tau_min is not None or tau_max is not None:
-                raise ValueError(f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset")
-        super().__init__(**kwargs)
-        self._round: CoCoDRound | None = None
-        self._launch_step = 0
-        self._round_started = 0.0
-        self._round_cost = 0.0
-        self._rounds_finished = 0
-        # A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that
-        # reading it never waits on a GPU: the sum over ranks of [an earlier round's
-        # communication seconds, seconds per step, seconds of the round's own work; the number
-        # of ranks that sent figures; one non-finite flag per rank]. Every rank thus agrees on
-        # the figures tau="auto" uses and on who holds NaN/Inf.
-        self._control: Tensor | None = None
-        self._control_handle: Handle | None = None
-        self._snapshot_check: FiniteCheck | None = None
-        # The last timed round: its handle (communication time, once readable), seconds per
-        # step, seconds of own work. Figures carried over from a checkpoint until then.
-        self._timing: tuple[Handle, float, float] | None = None
-        self._measured: tuple[float, ...] | None = None
-        self.tau_history: list[tuple[int, int]] = []
-
-    def _worker_results(self) -> dict[str, Any]:
-        return {**super()._worker_results(), "tau": self.tau, "tau_history": self.tau_history}
-
-    def _options(self) -> dict[str, Any]:
-        tau: Any = "auto" if self._adaptive else self.tau
-        return {"tau": tau, "progress": self.progress, **super()._options()}
-
-    def _build(self, tensors: list[Tensor]) -> None:
-        assert self._comm is not None
-        self._round = CoCoDRound(tensors, self._comm, self.weight, self.progress)
-        self._rounds_finished = 0
-        self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
-        self._timing, self._measured = None, None
-        self.tau_history = [(0, self.tau)]
-
-    def _retarget(self) -> None:
-        if self._round is not None:
-            self._round.tensors = self._tensors
-
-    def _flat_buffers(self) -> list[FlatBuffer]:
-        mine = [self._round.snapshot, self._round.average] if self._round is not None else []
-        return mine + [b for b in super()._flat_buffers() if all(b is not m for m in mine)]
-
-    def _scratch_buffer(self) -> FlatBuffer:
-        # With no round in flight the round's all-reduce buffer is idle: the synchronisation
-        # points (checkpoint, end of fit) average in it, so only evaluation in the middle of a
-        # round needs a third copy of the model.
-        if self._round is not None and not self._round.pending:
-            return self._round.average
-        return super()._scratch_buffer()
-
-    def _before_step(self) -> None:
-        assert self._round is not None and self._comm is not None
-        if self._round.pending:
-            return
-        beginning = time.perf_counter()
-        self._follow_model()
-        self._round.weight = self.weight
-        self._round.begin()
-        self._launch_step = self._steps
-        self._snapshot_check = FiniteCheck(self._round.snapshot.buckets)
-        self._round_started = time.perf_counter()
-        self._round_cost = self._round_started - beginning
-
-    def _after_step(self) -> None:
-        if self._round is not None and self._round.pending and self._control_handle is None:
-            self._launch_control()
-        if self._steps - self._launch_step >= self.tau:
-            self._flush()
-
-    def _request_lag(self) -> int:
-        return self.tau  # no tighter than the round itself couples the workers
-
-    def _launch_control(self) -> None:
-        """One step into the round: by now the snapshot's finite check and an earlier round's
-        figures have reached the host, so nothing here waits on a GPU. A non-finite snapshot was
-        sent already, but no rank merges a round whose flags are raised."""
-        started = time.perf_counter()
-        assert self._control is not None and self._snapshot_check is not None
-        self._control[:_FLAGS] = torch.tensor(self._figures_to_send(), dtype=torch.float64)
-        self._control[_FLAGS:] = self._health_flags(self._snapshot_check.result(), device=self._control.device)
-        comm = self._requests.comm if self._requests is not None else self._comm
-        assert comm is not None
-        self._control_handle = comm.start_mean([self._control], 1.0)
-        self._round_cost += time.perf_counter() - started
-
-    def _figures_to_send(self) -> tuple[float, ...]:
-        if self._timing is not None and self._timing[0].figures_ready():
-            handle, step_seconds, round_seconds = self._timing
-            self._measured = (handle.comm_seconds, step_seconds, round_seconds)
-        return (*self._measured, 1.0) if self._measured is not None else (0.0,) * (_FIGURES + 1)
-
-    def _flush(self) -> None:
-        if self._round is None or not self._round.pending:
-            return
-        if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
-            self._launch_control()
-        steps = self._steps - self._launch_step
-        compute = time.perf_counter() - self._round_started
-        assert self._control_handle is not None and self._control is not None
-        waiting = time.perf_counter()
-        self._control_handle.wait()  # gloo may finish it before the model's (several threads)
-        self._control_handle = None
-        control = self._control.tolist()
-        waited = time.perf_counter() - waiting
-        where = f"in the snapshot of the round launched at step {self._launch_step}"
-        if self._raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):
-            self._round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
-            return
-        merging = time.perf_counter()
-        self._follow_model()  # the merge lands in the weights the model holds now
-        handle = self._round.finish()
-        # The merge's own time: the host blocking in the wait for the model's all-reduce is
-        # communication, not the round's work (on CUDA it is a stream dependency instead).
-        self._round_cost += max(0.0, time.perf_counter() - merging - handle.blocked_seconds)
-        self._record(handle, self._launch_step, self._round.nbytes, also_waited=waited)
-        if self._adaptive is not None:
-            if control[_COUNT] > 0:  # the mean over the ranks that had figures to send
-                self._adapt_period(*(figure / control[_COUNT] for figure in control[:_FIGURES]))
-            # A fit's first round pays one-time costs (allocations, the group's first collective):
-            # it is not timed.
-            if self._rounds_finished > 0 and steps > 0:
-                self._timing = (handle, compute / steps, self._round_cost)
-        self._rounds_finished += 1
-
-    def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
-        assert self._adaptive is not None
-        old, new = self.tau, self._adaptive.update(comm_seconds, step_seconds, round_seconds)
-        if new != old:
-            self.tau = new
-            self.tau_history.append((self._steps, new))
-            if self.is_global_zero:
-                log.info(
-                    f"CoCoD tau {old} -> {new} at step {self._steps} "
-                    f"(communication {comm_seconds:.3f} s and own work {round_seconds:.3f} s per round, "
-                    f"{step_seconds:.3f} s per step)"
-                )
-
-    def _strategy_state(self) -> dict[str, Any]:
-        state = {**super()._strategy_state(), "tau": self.tau, "tau_history": self.tau_history}
-        if self._adaptive is not None:
-            state["adaptive"] = {k: list(v) if isinstance(v, list) else v for k, v in vars(self._adaptive).items()}
-            self._figures_to_send()  # the newest readable figures
-            state["measured"] = self._measured
-        return state
-
-    def _load_strategy_state(self, state: dict[str, Any]) -> None:
-        super()._load_strategy_state(state)
-        if self._adaptive is not None and "adaptive" in state:  # a fixed tau is the caller's choice
-            # What was measured carries over; the bounds and rules are the caller's of this fit.
-            adaptive = self._adaptive
-            for key in ("comm_seconds", "step_seconds", "round_seconds", "round_samples", "shorter_asks"):
-                if key in state["adaptive"]:
-                    setattr(adaptive, key, state["adaptive"][key])
-            adaptive.tau = min(max(state["tau"], adaptive.tau_min), adaptive.tau_max)
-            self.tau_history = [tuple(e) for e in state["tau_history"]]
-            if adaptive.tau != state["tau"]:  # the saved period lies outside this fit's bounds
-                self.tau_history.append((self._steps, adaptive.tau))
-            self.tau = adaptive.tau
-            measured = state.get("measured")
-            # Older checkpoints sent zeros for "nothing measured", and had no round cost.
-            if measured is not None and any(measured):
-                self._measured = (*measured, 0.0)[:_FIGURES]
-
-    def _abandon_in_flight(self) -> None:
-        if self._round is not None:
-            self._round.handle = None
-        self._control_handle = None
-        self._timing = None
+    ) -> None:
+        rounds = partial(CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress)
+        super().__init__(rounds, **kwargs)

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from lightning_cocod.strategies.base import SyncStrategyBase
+from lightning_cocod.strategies.base import SyncStrategyBase, of_rounds
 from lightning_cocod.strategies.cocod import check_period
+from lightning_cocod.strategies.rounds import Rounds
+
+
+class LocalSGDRounds(Rounds):
+    """Local-SGD's rounds (see ``LocalSGDMethod``)."""
+
+    def __init__(self, owner: str, tau: int = 4, **common: Any) -> None:
+        self.tau = check_period(owner, tau)
+        super().__init__(owner, **common)
+
+    def options(self) -> dict[str, Any]:
+        return {"tau": self.tau, **super().options()}
+
+    def request_lag(self) -> int:
+        return self.tau  # the blocking average couples the workers every tau steps anyway
+
+    def figures(self) -> dict[str, float]:
+        return {**super().figures(), "comm/tau": float(self.tau)}
+
+    def end_step(self) -> None:
+        if self.steps % self.tau == 0:
+            handle = self.average_now("round")
+            self.record(handle, self.steps, self.scratch_buffer().nbytes)
 
 
 class LocalSGDMethod(SyncStrategyBase):
@@ -19,18 +43,7 @@ class LocalSGDMethod(SyncStrategyBase):
         average_buffers: average BatchNorm running statistics with the parameters.
     """
 
+    tau = of_rounds("tau")
+
     def __init__(self, tau: int = 4, **kwargs: Any) -> None:
-        self.tau = check_period(type(self).__name__, tau)
-        super().__init__(**kwargs)
-
-    def _options(self) -> dict[str, Any]:
-        return {"tau": self.tau, **super()._options()}
-
-    def _request_lag(self) -> int:
-        return self.tau  # the blocking average couples the workers every tau steps anyway
-
-    def _after_step(self) -> None:
-        if self._steps % self.tau == 0:
-            handle = self._average_now("round")
-            assert self._scratch is not None
-            self._record(handle, self._steps, self._scratch.nbytes)
+        super().__init__(partial(LocalSGDRounds, tau=tau), **kwargs)

@@ -16,7 +16,13 @@ from typing import Any
 from lightning_cocod._registration import NAMESPACES
 from lightning_cocod.methods import METHODS, Method
 
-__all__ = ["NAMESPACES", "build", "install", "mixin", "register"]
+__all__ = ["HOMES", "NAMESPACES", "build", "install", "mixin", "register"]
+
+
+# Where a user imports the classes of each namespace from (``lightning_cocod.pl`` is also the top level).
+HOMES = {"pytorch_lightning": "lightning_cocod", "lightning.pytorch": "lightning_cocod.lightning"}
+# The registry names of each method: (suffix, start_method).
+VARIANTS = (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork"))
 
 
 def mixin(entry: Method) -> type:
@@ -33,7 +39,7 @@ def build(package: str, home: str) -> dict[str, type]:
         name, logic = entry.strategy_class, mixin(entry)
         attributes = {
             "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
-            "strategy_name": entry.name, "strategy_description": entry.description,
+            "strategy_name": entry.name, "namespace": package,
         }
         classes[name] = type(name, (logic, ddp), attributes)
     return classes
@@ -43,11 +49,16 @@ def register(package: str, classes: dict[str, type]) -> None:
     """Add every name ("cocod", "cocod_spawn", ...) to ``package``'s registry; names already
     there are left alone (re-imports, tests)."""
     registry: Any = importlib.import_module(f"{package}.strategies").StrategyRegistry
-    for cls in classes.values():
-        cls.register_strategies(registry)
+    for entry in METHODS.values():
+        for suffix, start_method in VARIANTS:
+            if entry.name + suffix not in registry:
+                registry.register(
+                    entry.name + suffix, classes[entry.strategy_class], start_method=start_method,
+                    description=f"{entry.description} (start_method '{start_method}')",
+                )
 
 
-def install(package: str, home: str) -> tuple[type, ...]:
+def install(package: str, home: str) -> dict[str, type]:
     """Build and register ``package``'s classes; returns them by class name."""
     classes = build(package, home)
     register(package, classes)

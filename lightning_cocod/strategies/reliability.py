@@ -1,6 +1,7 @@
 """What lets a long run survive a real cluster, shared by every strategy of this package (S-SGD
 included): one validated timeout, a dead peer named in every collective, a coordinated stop when
-any one worker is preempted, and checkpoints that are whole or absent.
+any one worker is preempted, and checkpoints that are whole or absent (``checkpointing``, written
+and read by ``common``).
 
 Preemption. A spot node gets SIGTERM alone, a SLURM job SIGUSR1 before its deadline. Lightning's
 own handler broadcasts from rank 0 inside the signal handler, which the other ranks never join
@@ -21,7 +22,7 @@ import os
 import signal
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,12 +30,12 @@ import torch.distributed as dist
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
 from lightning_cocod.core.control import RequestFlags
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
-from lightning_cocod.strategies.checkpointing import (
-    CheckpointError,
-    atomic_save,
-    read_checkpoint,
-    remove_stale_temporaries,
-)
+from lightning_cocod.strategies.checkpointing import CheckpointError
+
+if TYPE_CHECKING:  # what the mixin is mixed into (see ``namespaces``), so its super() calls are checked
+    from pytorch_lightning.strategies import DDPStrategy as _MixedInto
+else:
+    _MixedInto = object
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,9 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-class ReliableStrategy:
+class ReliableStrategy(_MixedInto):
     """Mixin of our strategies over Lightning's DDPStrategy (it relies on ``self._timeout``,
-    ``global_rank``, ``world_size``, ``launcher``, ``lightning_module`` and ``checkpoint_io``)."""
+    ``global_rank``, ``world_size``, ``launcher`` and ``lightning_module``)."""
 
     _timeout: timedelta
 
@@ -237,46 +238,19 @@ class ReliableStrategy:
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         with self._lightning_collective("reducing a logged value (sync_dist)"):
-            return super().reduce(tensor, group=group, reduce_op=reduce_op)  # type: ignore[misc]
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
         with self._lightning_collective(f"at barrier {name!r}"):
-            super().barrier(name, *args, **kwargs)  # type: ignore[misc]
+            super().barrier(name, *args, **kwargs)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         with self._lightning_collective("broadcasting from rank 0"):
-            return super().broadcast(obj, src)  # type: ignore[misc]
+            return super().broadcast(obj, src)
 
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
         with self._lightning_collective("gathering a tensor from every rank"):
-            return super().all_gather(tensor, group=group, sync_grads=sync_grads)  # type: ignore[misc]
-
-    # -- checkpoint files ----------------------------------------------------------------
-
-    def _write_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any) -> None:
-        if self.global_rank == 0:
-            atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
-
-    def _verify_before_load(self, checkpoint_path: Any) -> None:
-        # Called before the load (``load_checkpoint`` below checks the file itself): the folder is
-        # rid of what a writer killed mid-write left, while no rank writes to it.
-        path = str(checkpoint_path)
-        if "://" not in path and self.global_rank == 0:
-            remove_stale_temporaries(path)
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Every rank reads the file as data (``weights_only=False``, said by hand, is the caller
-        trusting it) and checks it against the integrity record it carries."""
-
-        def load(as_data: bool) -> Any:
-            return super(ReliableStrategy, self).load_checkpoint(checkpoint_path, weights_only=as_data)  # type: ignore[misc]
-
-        try:
-            return read_checkpoint(
-                checkpoint_path, load, trust=weights_only is False, warn_unverified=self.global_rank == 0
-            )
-        except CheckpointError as err:
-            raise CheckpointError(f"rank {self.global_rank}: {err}") from None
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
 
 def checkpoint_path(trainer: Any) -> str | None:

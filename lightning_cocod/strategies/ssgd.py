@@ -21,13 +21,4 @@ class SSGDMethod(StrategyCommon):
     """
 
     def __init__(self, *, timeout: Any = None, start_method: str = "popen", **ddp_options: Any) -> None:
-        super().__init__(**ddp_options, **self._common_init(timeout, start_method))  # type: ignore[call-arg]
-
-    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
-        self._steps += 1
-        self._exchange_requests()
-        return output
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        self._write_checkpoint(checkpoint, filepath, storage_options)
+        super().__init__(**ddp_options, **self._common_init(timeout, start_method))

@@ -1,0 +1,301 @@
+"""The Lightning glue all four strategies of this package share, S-SGD included: options, the
+rendezvous, launchers, Lightning's private attributes we patch, signals and requests, checkpoint
+files.
+
+Every Lightning hook is defined here once, in the order it runs. Where the strategies that
+average models (``SyncStrategyBase``) do more, the hook calls one of the steps below marked
+"rounds", which do nothing here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from lightning_cocod.strategies.checkpointing import (
+    STATE_KEY,
+    CheckpointError,
+    atomic_save,
+    read_checkpoint,
+    remove_digest,
+    remove_stale_temporaries,
+)
+from lightning_cocod.strategies.namespaces import HOMES
+from lightning_cocod.strategies.reliability import (
+    ReliableStrategy,
+    RendezvousError,
+    first_line,
+    parse_timeout,
+)
+from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
+
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")
+
+
+def _no_per_step_sigterm_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM broadcast (see ``_patch_loops``)."""
+
+
+def _interactive() -> bool:
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
+
+
+class StrategyCommon(ReliableStrategy):
+    """Mixed in before a DDPStrategy class (see ``namespaces``)."""
+
+    strategy_name: ClassVar[str] = ""  # its name in the registry (see ``namespaces``)
+    namespace: ClassVar[str] = ""  # the Lightning package of the DDPStrategy below this class
+
+    def _common_init(self, timeout: Any, start_method: str) -> dict[str, Any]:
+        """The DDPStrategy options every strategy of ours checks the same way."""
+        name = type(self).__name__
+        if start_method not in _START_METHODS:
+            raise ValueError(f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}")
+        self._init_reliability()
+        self._environment_before: dict[str, str | None] = {}
+        return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
+
+    def _options(self) -> dict[str, Any]:
+        """The algorithm's options, as the constructor takes them."""
+        return {}
+
+    def __str__(self) -> str:
+        options = {**self._options(), "start_method": self._start_method}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
+
+    def __repr__(self) -> str:
+        # What a Trainer of the other namespace shows when it refuses the object: where its class is.
+        other, home = next((package, home) for package, home in HOMES.items() if package != self.namespace)
+        return f"{self}, a {self.namespace} strategy: a {other} Trainer takes {home}.{type(self).__name__}"
+
+    # -- set-up, in the order Lightning runs it --------------------------------------------
+
+    def setup_distributed(self) -> None:
+        self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
+        self._requested_path = None
+        try:
+            self.set_world_ranks()
+            if self.world_size > 1 and self.cluster_environment is not None:
+                if not self._environment_before:  # a stage's set-up, restored at its teardown
+                    self._environment_before = {name: os.environ.get(name) for name in RUN_ENVIRONMENT}
+                # Before Lightning's own set-up, which then finds the group initialised.
+                env = self.cluster_environment
+                init_default_group(
+                    env.main_address, env.main_port, self.global_rank, self.world_size,
+                    self._get_process_group_backend(), self._timeout, self.root_device,
+                )
+            super().setup_distributed()
+            # Our own process groups (collectives: the same order on every rank).
+            self._open_round_group()
+            self._setup_requests()
+        except RendezvousError:
+            raise
+        except (RuntimeError, TimeoutError) as err:  # DistStoreError, DistNetworkError, ...
+            env = self.cluster_environment
+            where = f"{env.main_address}:{env.main_port}" if env is not None else "MASTER_ADDR:MASTER_PORT"
+            raise RendezvousError(
+                f"rank {self.global_rank} could not reach the workers' rendezvous at {where} within "
+                f"{self._timeout} ({first_line(err)}); check that rank 0 runs and that the address is reachable "
+                "from this node"
+            ) from None
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        launcher = self._launcher
+        if launcher is None:  # torchrun, SLURM: the processes exist already
+            return
+        variants = f"strategy='{self.strategy_name}'" + ("" if self._start_method == "popen" else " (start_method 'popen')")
+        if self._start_method == "spawn" and getattr(multiprocessing.current_process(), "_inheriting", False):
+            raise RuntimeError(
+                f"{type(self).__name__}: start_method 'spawn' re-runs your script in every worker, and this script "
+                "builds the Trainer outside an `if __name__ == \"__main__\":` block; put it inside one, or use "
+                f"{variants}"
+            )
+        if _interactive() and not launcher.is_interactive_compatible:
+            raise RuntimeError(
+                f"{type(self).__name__} with start_method {self._start_method!r} cannot start workers from an "
+                f"interactive session (Jupyter, python -i): use strategy='{self.strategy_name}_notebook' (fork), or "
+                "run your code as a script"
+            )
+        if hasattr(launcher, "update_main_process_results"):
+            # spawn/fork: fit runs in child processes; rank 0's figures come back to this object.
+            launcher.get_extra_results = self._results_for_main_process
+            launcher.update_main_process_results = self._update_from_worker
+
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == "fit":
+            self._patch_loops(trainer)
+            self._check_fit()
+
+    def _patch_loops(self, trainer: Any) -> None:
+        # Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before *every* training step. That is
+        # a per-step rendezvous of all workers, which re-couples what a round decouples and, on a
+        # slow link, queues behind a model all-reduce in flight; and it only hears rank 0's signal.
+        # Signals travel with the request flags instead (``ReliableStrategy``).
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_per_step_sigterm_broadcast
+        # Lightning's own handlers (installed after this, before training: its SIGTERM one runs a
+        # broadcast no peer joins; its SLURM one saves a checkpoint from inside the handler) only
+        # raise our stop request from the start, sanity check included.
+        connector = trainer._signal_connector
+        connector._sigterm_notifier_fn = connector._slurm_sigusr_handler_fn = self._on_signal
+
+    # -- training --------------------------------------------------------------------------
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._check_same_start(self.lightning_module.trainer.global_step)  # a checkpoint is restored by now
+        self._resume_rank_state()
+        self._install_signal_handlers()  # after Lightning registered its own (they would replace ours)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._log_rounds()
+        super().on_train_batch_start(batch, batch_idx)
+        self._act_on_requests(self.lightning_module.trainer)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        self._begin_step()
+        output = super().optimizer_step(optimizer, self._exchanging_after(closure), model, **kwargs)
+        self._steps += 1
+        self._end_step()
+        self._exchange_requests()
+        return output
+
+    def on_exception(self, exception: BaseException) -> None:
+        # A peer may be gone: waiting on in-flight work could hang until the group timeout.
+        if self._requests is not None:
+            self._requests.abandon()
+        self._abandon_in_flight()
+        super().on_exception(exception)
+
+    def on_train_end(self) -> None:
+        self._sync_point()
+        super().on_train_end()
+        self._drain_requests()
+        # A checkpoint asked for in the last steps is still written; a stop is moot, fit is over.
+        self._act_on_requests(self.lightning_module.trainer, stopping_allowed=False)
+
+    def teardown(self) -> None:
+        self._close_rounds()
+        self._restore_signal_handlers()
+        if self._requests is not None:
+            with contextlib.suppress(Exception):
+                self._drain_requests()
+            self._requests.comm.destroy()
+            self._requests = self._control_group = None
+        super().teardown()
+        for name, value in self._environment_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._environment_before = {}
+
+    # -- checkpoint files --------------------------------------------------------------------
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        self._add_rank_state(checkpoint)  # on every rank: it gathers
+        if self.global_rank == 0:
+            atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Every rank reads the file as data (``weights_only=False``, said by hand, is the caller
+        trusting it) and checks it against the integrity record it carries."""
+        if "://" not in str(checkpoint_path) and self.global_rank == 0:
+            # The folder is rid of what a writer killed mid-write left, while no rank writes to it.
+            remove_stale_temporaries(checkpoint_path)
+
+        def load(as_data: bool) -> Any:
+            return super(StrategyCommon, self).load_checkpoint(checkpoint_path, weights_only=as_data)
+
+        try:
+            checkpoint = read_checkpoint(
+                checkpoint_path, load, trust=weights_only is False, warn_unverified=self.global_rank == 0
+            )
+        except CheckpointError as err:
+            raise CheckpointError(f"rank {self.global_rank}: {err}") from None
+        self._take_restored(checkpoint)
+        return checkpoint
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)
+        if self.global_rank == 0:
+            remove_digest(filepath)
+
+    # -- rounds: what SyncStrategyBase adds to the hooks above ----------------------------------
+
+    def _open_round_group(self) -> None:
+        """Once the default group exists, on every rank."""
+
+    def _check_fit(self) -> None:
+        """Once the optimizers exist, before fit."""
+
+    def _resume_rank_state(self) -> None:
+        """This rank's own state from the checkpoint being resumed, when training starts."""
+
+    def _log_rounds(self) -> None:
+        """Figures to the loggers, at a batch start."""
+
+    def _begin_step(self) -> None:
+        """Before forward/backward of an optimizer step."""
+
+    def _exchanging_after(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure`` (forward and backward), followed by whatever comes before the optimizer's update."""
+        return closure
+
+    def _end_step(self) -> None:
+        """After the optimizer step; ``_steps`` already counts it."""
+
+    def _abandon_in_flight(self) -> None:
+        """Forget pending handles without waiting."""
+
+    def _sync_point(self) -> None:
+        """Make every rank's weights the run's (end of fit, a checkpoint)."""
+
+    def _close_rounds(self) -> None:
+        """At teardown, before the groups go."""
+
+    def _add_rank_state(self, checkpoint: dict[str, Any]) -> None:
+        """What resuming exactly needs beyond Lightning's own checkpoint."""
+
+    def _take_restored(self, checkpoint: dict[str, Any]) -> None:
+        """Read what ``_add_rank_state`` added, from a checkpoint just loaded."""
+
+    # -- spawn/fork launchers ----------------------------------------------------------------
+
+    def _results_for_main_process(self, trainer: Any) -> dict[str, Any]:
+        extra = type(self._launcher).get_extra_results(self._launcher, trainer)
+        # Through a file, as Lightning sends the weights: Lightning joins the workers before it
+        # reads its queue, so a message larger than a pipe holds (the per-round figures of a long
+        # fit) blocked rank 0 in put() and the parent in join() for ever. The queue carries the path.
+        fd, path = tempfile.mkstemp(prefix="cocod-worker-results-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(self._worker_results(), fh)
+        extra[STATE_KEY] = path
+        return extra
+
+    def _update_from_worker(self, trainer: Any, extra: dict[str, Any]) -> None:
+        type(self._launcher).update_main_process_results(self._launcher, trainer, extra)
+        path = extra.get(STATE_KEY)
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as fh:
+                results = pickle.load(fh)  # written by our own rank 0 just now, in a file of our own
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._take_worker_results(results)
+
+    def _worker_results(self) -> dict[str, Any]:
+        """What a spawn/fork parent learns from rank 0 when fit ends."""
+        return {}
+
+    def _take_worker_results(self, results: dict[str, Any]) -> None:
+        """The parent's side of ``_worker_results``."""

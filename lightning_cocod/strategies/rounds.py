@@ -1,0 +1,357 @@
+"""What a round does, with no Lightning: the model's tensors, the step template, the consistency
+points, the state a checkpoint keeps and the figures of every round.
+
+``Rounds`` takes a module, its optimizers, a communicator (a process group of its own) and the
+count of optimizer steps, which its caller advances (``steps``). Around every optimizer step the
+caller runs, each under ``torch.no_grad()``: ``begin_step`` before forward and backward,
+``exchange`` after backward, ``end_step`` after the optimizer step. An algorithm
+(``CoCoDRounds``, ``LocalSGDRounds``, ``PipeSGDRounds``) decides what is communicated at each
+of them and what is in flight (``flush``); this class does the rest once. The Lightning
+strategies (``SyncStrategyBase``) are a thin layer that calls it from their hooks.
+
+Decisions:
+- momentum and all other optimizer state stay local to each worker;
+- every floating-point parameter is averaged, trainable or frozen, so a layer unfrozen or
+  added to the optimizer mid-fit is averaged like the rest (frozen ones cost bandwidth, and
+  identical copies average to themselves up to rounding);
+- floating-point buffers (BatchNorm running stats) go through the same averaging as the
+  parameters when ``average_buffers`` (integer buffers such as num_batches_tracked stay local);
+- evaluation sees the average of the workers' models (``park_and_average``), then the live
+  weights return (``unpark``), so evaluating never changes the training trajectory;
+- a checkpoint and the end of training are synchronisation points (``sync``): pending
+  communication is finished and merged, then every rank takes the average, so any rank's state
+  is the run's;
+- NaN/Inf on any worker is caught before it reaches another worker's average (``health``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_cocod.core import (
+    CommStats,
+    Communicator,
+    FlatBuffer,
+    Handle,
+    RoundRecord,
+    average_blocking,
+    has_nonfinite,
+)
+from lightning_cocod.strategies.health import NonFiniteError
+
+log = logging.getLogger(__name__)
+
+
+class Rounds:
+    """The algorithm-independent part of a round; ``owner`` names the strategy in messages."""
+
+    def __init__(self, owner: str, *, average_buffers: bool = True, on_nonfinite: str = "raise") -> None:
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
+        if not isinstance(average_buffers, bool):
+            raise TypeError(f"{owner}: average_buffers must be True or False, got {average_buffers!r}")
+        self.owner = owner
+        self.average_buffers = average_buffers
+        self.on_nonfinite = on_nonfinite
+        self.steps = 0  # optimizer steps taken, counted by the caller
+        # This rank's share in every average (sum over ranks = 1); None is the plain mean.
+        self.weight: float | None = None
+        self.skipped: list[tuple[int, list[int]]] = []  # (step, bad ranks) recovered by on_nonfinite="skip"
+        self.comm_stats = CommStats()
+        self.peak_buffer_bytes = 0
+        self.module: torch.nn.Module | None = None
+        self.optimizers: list[Optimizer] = []
+        self.comm: Communicator | None = None
+        self.control: Communicator | None = None  # small messages (flags, figures): a CPU group if given
+        self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+        self.tensors: list[Tensor] = []
+        self._names: list[str] = []  # what each of ``tensors`` is in the module, for following it
+        self._scratch: FlatBuffer | None = None
+        self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
+        self._unrecorded: list[tuple[Handle, int, int, int, float]] = []  # rounds whose figures are not read yet
+
+    def options(self) -> dict[str, Any]:
+        """The options a user chose, as the constructor takes them (how the strategy prints)."""
+        options: dict[str, Any] = {"average_buffers": self.average_buffers}
+        if self.on_nonfinite != "raise":
+            options["on_nonfinite"] = self.on_nonfinite
+        return options
+
+    def attach(
+        self, module: torch.nn.Module, comm: Communicator | None, *, rank: int, world_size: int,
+        device: torch.device, control: Communicator | None = None,
+    ) -> None:
+        """Take the module's tensors (identical on every rank by now) and the group to average on."""
+        self.module, self.comm, self.control = module, comm, control if control is not None else comm
+        self.rank, self.world_size, self.device = rank, world_size, device
+        live = self._live_tensors()
+        self._names = [name for name, _ in live]
+        self.tensors = [t.detach() for _, t in live]
+
+    def start(self) -> None:
+        """Training begins: the step count and the figures restart, the buffers are allocated."""
+        self.steps = 0
+        self.comm_stats = CommStats()
+        self._unrecorded = []
+        if self.comm is not None:
+            self.build()
+
+    def build(self) -> None:
+        """Allocate what the algorithm needs (flat buffers) over ``tensors``."""
+
+    # -- the step (overridden by each algorithm) --------------------------------------------
+
+    def begin_step(self) -> None:
+        """Before forward/backward of an optimizer step."""
+
+    def exchange(self) -> None:
+        """After backward, before the optimizer applies the gradients."""
+
+    def end_step(self) -> None:
+        """After the optimizer step; ``steps`` already counts it."""
+
+    def flush(self) -> None:
+        """Finish whatever is in flight so the weights are this algorithm's current state."""
+
+    def abandon(self) -> None:
+        """Forget what is in flight without waiting: a peer may be gone."""
+
+    def request_lag(self) -> int:
+        """Steps a worker may run ahead of a peer anyway: stop and checkpoint requests need be no tighter."""
+        return 1
+
+    # -- following the model -----------------------------------------------------------------
+
+    def _live_tensors(self) -> list[tuple[str, Tensor]]:
+        """(name, tensor) of what the rounds average, as the module holds them now."""
+        assert self.module is not None
+        named = [(n, p) for n, p in self.module.named_parameters() if p.is_floating_point()]
+        if self.average_buffers:
+            named += [(n, b) for n, b in self.module.named_buffers() if b.is_floating_point()]
+        return named
+
+    def follow_model(self) -> None:
+        """Make the averaged tensors the module's current ones, before a round touches them.
+
+        ``param.data = ...``, a module replaced by one of the same shapes, or a buffer reset by
+        assignment (SWA's BatchNorm reset) rebinds storage that the captured tensors no longer
+        alias: averaging those would leave the model's real weights to each worker alone,
+        silently. Same names, shapes and dtypes are followed (the flat buffers hold copies, so
+        they stay valid); anything else would change the collective's layout under a round in
+        flight, and is refused.
+        """
+        live = self._live_tensors()
+        self._refuse_untracked_optimizer_tensors(live)
+        if len(live) == len(self.tensors) and all(
+            name == known and t.data_ptr() == k.data_ptr() and t.shape == k.shape and t.stride() == k.stride()
+            and t.dtype == k.dtype
+            for (name, t), known, k in zip(live, self._names, self.tensors)
+        ):
+            return
+        now = dict(live)
+        when = f"at optimizer step {self.steps}"
+        fixed = (
+            "the averaged tensors and their shapes are fixed once the strategy has set up: change the model "
+            "before fit (in configure_model or setup); rebinding a tensor of the same shape and dtype is followed"
+        )
+        for name, old in zip(self._names, self.tensors):
+            new = now.get(name)
+            if new is None:
+                raise ValueError(f"{self.owner}: the model's tensor '{name}' was removed {when}; {fixed}")
+            if (new.shape, new.dtype, new.device) != (old.shape, old.dtype, old.device):
+                raise ValueError(
+                    f"{self.owner}: the model's tensor '{name}' changed from {tuple(old.shape)} {old.dtype} on "
+                    f"{old.device} to {tuple(new.shape)} {new.dtype} on {new.device} {when}; {fixed}"
+                )
+        if len(now) != len(self._names):
+            added = next(name for name in now if name not in self._names)
+            raise ValueError(f"{self.owner}: the model's tensor '{added}' was added {when}; {fixed}")
+        self.tensors = [now[name].detach() for name in self._names]  # the flat buffers' order
+        self.retarget()
+
+    def _refuse_untracked_optimizer_tensors(self, live: list[tuple[str, Tensor]]) -> None:
+        # A tensor the optimizer trains outside the module (a plain tensor attribute, another
+        # module's parameter) would be trained by each worker alone. One with a gradient is in
+        # use; a stale one (the old copy of a replaced layer) gets none and does no harm.
+        owned = {id(t) for _, t in live}
+        for optimizer in self.optimizers:
+            for g, group in enumerate(optimizer.param_groups):
+                for i, p in enumerate(group["params"]):
+                    if p.grad is not None and id(p) not in owned and p.is_floating_point():
+                        raise ValueError(
+                            f"{self.owner}: the optimizer trains a tensor of shape {tuple(p.shape)} (param "
+                            f"group {g}, index {i}) that is not a parameter of the LightningModule, so no worker's "
+                            "copy would be averaged with the others; register it on the module (an nn.Parameter "
+                            "attribute or a submodule's) before fit"
+                        )
+
+    def retarget(self) -> None:
+        """Point whatever holds the model's tensors at ``tensors`` (algorithms holding some override)."""
+
+    # -- averaging and figures -----------------------------------------------------------------
+
+    def scratch_buffer(self) -> FlatBuffer:
+        if self._scratch is None:
+            self._scratch = FlatBuffer(self.tensors)
+        return self._scratch
+
+    def average_now(self, what: str = "average", swap: bool = False) -> Handle:
+        """Blocking weighted average of the model tensors on every rank (see average_blocking);
+        a worker with non-finite values stops everyone before anything is sent."""
+        assert self.comm is not None
+        self.follow_model()
+        check = lambda buckets: self.agree_finite(has_nonfinite(buckets), what)
+        return average_blocking(self.tensors, self.scratch_buffer(), self.comm, self.weight, check, swap)
+
+    def flat_buffers(self) -> list[FlatBuffer]:
+        """Every flat buffer held (the memory overhead, in model copies)."""
+        return [self._scratch] if self._scratch is not None else []
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.flat_buffers())
+
+    def record(self, handle: Handle, launch_step: int, nbytes: int, also_waited: float = 0.0) -> None:
+        """``also_waited``: time blocked on other collectives of the round before this handle's
+        wait (it is exposed communication just the same). On a GPU a round's figures come from
+        events the device may not have reached yet: they are read once ready (a round later, or
+        at the next synchronisation point), never by making the host wait."""
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
+        self._unrecorded.append((handle, launch_step, self.steps, nbytes, also_waited))
+        self.record_ready()
+
+    def record_ready(self, force: bool = False) -> None:
+        while self._unrecorded and (force or self._unrecorded[0][0].figures_ready()):
+            handle, launch_step, finish_step, nbytes, also_waited = self._unrecorded.pop(0)
+            exposed = handle.exposed_seconds + also_waited
+            self.comm_stats.add(
+                RoundRecord(launch_step, finish_step, handle.comm_seconds, exposed, nbytes, handle.launched_at)
+            )
+
+    def figures(self) -> dict[str, float]:
+        """The last finished round's figures, for a logger (floats, read on the host)."""
+        last = self.comm_stats.rounds[-1]
+        return {
+            "comm/round_seconds": last.comm_seconds,
+            "comm/exposed_seconds": last.exposed_seconds,
+            "comm/bytes": float(last.nbytes),
+            "comm/hidden_fraction": last.hidden_fraction,
+            "comm/hidden_fraction_total": self.comm_stats.hidden_fraction,
+        }
+
+    # -- non-finite values (see ``health``) ---------------------------------------------------
+
+    def health_flags(self, bad: bool, device: torch.device | None = None) -> Tensor:
+        flags = torch.zeros(self.world_size, dtype=torch.float64, device=device or self.device)
+        flags[self.rank] = float(bad)
+        return flags
+
+    def agree_finite(self, bad: bool, what: str) -> None:
+        assert self.comm is not None
+        flags = self.health_flags(bad)
+        self.comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
+        if self.raise_if_nonfinite(flags, what):
+            # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
+            self.scratch_buffer().pack(self.tensors)
+
+    def raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
+        """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
+        (the caller then drops the pending update)."""
+        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
+        if not bad:
+            return False
+        if self.on_nonfinite == "skip" and len(bad) < self.world_size:
+            self._recover_from(min(set(range(self.world_size)) - set(bad)), bad, what)
+            return True
+        raise NonFiniteError(
+            f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
+            f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
+            "model, and no checkpoint was written from them"
+        )
+
+    def _recover_from(self, source: int, bad: list[int], what: str) -> None:
+        """Workers that went non-finite take the model of a healthy one and restart their optimizer
+        state (momentum would carry the NaN on); the healthy keep theirs."""
+        assert self.comm is not None
+        buffer = self.scratch_buffer()
+        buffer.pack(self.tensors)
+        self.comm.broadcast(buffer.buckets, source)
+        if self.rank in bad:
+            buffer.unpack(self.tensors)
+            for optimizer in self.optimizers:
+                optimizer.state.clear()
+        self.skipped.append((self.steps, bad))
+        if self.rank == 0:
+            log.warning(
+                f"non-finite values on rank {bad} at optimizer step {self.steps} ({what}): update skipped, "
+                f"rank(s) {bad} restarted from rank {source}'s model (on_nonfinite='skip')"
+            )
+
+    # -- consistency points ----------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Finish and merge what is in flight, then every rank takes the average."""
+        if self.comm is None or not self.tensors:
+            return
+        self.unpark()
+        self.flush()
+        self.average_now("synchronisation point")
+        self.record_ready(force=True)
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
+
+    def park_and_average(self) -> None:
+        """The model becomes the workers' average; the live weights wait in a buffer (``unpark``)."""
+        buffer = self.scratch_buffer()
+        self.average_now("evaluation", swap=True)  # model <- average, buffer <- live weights
+        self._parked_in = buffer
+
+    def unpark(self) -> None:
+        if self._parked_in is not None:
+            with torch.no_grad():
+                self._parked_in.swap(self.tensors)
+            self._parked_in = None
+
+    def close(self) -> None:
+        """Training or evaluation is over: finish what is in flight, let go of the tensors.
+
+        The module may move next (Lightning's teardown moves it to the CPU, which rebinds every
+        parameter's storage), so the next stage captures the tensors afresh."""
+        self.unpark()
+        if self.comm is not None:
+            with contextlib.suppress(Exception):  # a peer may be gone: what is in flight is lost with it
+                self.flush()
+                self.record_ready(force=True)
+        self.comm = self.control = None
+        self._scratch = None
+        self.tensors = []
+
+    # -- what a checkpoint and a spawn parent keep -----------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What resuming needs (algorithms add theirs)."""
+        return {"class": self.owner, "steps": self.steps, "weight": self.weight}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("class") != self.owner:
+            raise ValueError(
+                f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
+            )
+        self.steps = state["steps"]
+
+    def results(self) -> dict[str, Any]:
+        """What a spawn/fork parent learns from rank 0 when fit ends. Plain data: Lightning's
+        launcher walks (and would try to move) whatever it sends back."""
+        return {
+            "comm_stats": self.comm_stats.to_json(), "peak_buffer_bytes": self.peak_buffer_bytes,
+            "skipped": self.skipped, "weight": self.weight,
+        }
+
+    def take_results(self, results: dict[str, Any]) -> None:
+        for name, value in results.items():
+            setattr(self, name, CommStats.from_json(value) if name == "comm_stats" else value)
