@@ -106,7 +106,7 @@ def test_auto_keeps_to_the_safe_period_unless_its_bound_is_raised():
     # from the first round on (the rule's initial 4 is above it); a raised bound lets the rule hide it.
     default = CoCoDStrategy(tau="auto")
     assert SAFE_TAU_MAX == 1 and default.tau == 1
-    assert default._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 1
+    assert default.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 1
     raised = CoCoDStrategy(tau="auto", tau_max=64)
     assert raised.tau == 4
-    assert raised._adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
+    assert raised.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24

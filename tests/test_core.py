@@ -250,6 +250,8 @@ def test_comm_stats_counts_overlapping_collectives_once():
     assert abs(stats.exposed_seconds - 0.3) < 1e-12
     assert abs(stats.hidden_fraction - 0.9) < 1e-12
     assert stats.nbytes == 24 and stats.rounds[1].hidden_fraction == 1 - 0.2 / 1.5
+    # Read as a collection, it is its rounds in order.
+    assert len(stats) == 3 and [r.launched_at for r in stats] == [0.0, 0.5, 3.0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

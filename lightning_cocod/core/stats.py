@@ -37,6 +37,13 @@ class CommStats:
     def add(self, record: RoundRecord) -> None:
         self.rounds.append(record)
 
+    # A user reading ``trainer.strategy.comm_stats`` expects its rounds: ``list(...)``, ``len(...)``.
+    def __iter__(self):
+        return iter(self.rounds)
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
     @property
     def comm_seconds(self) -> float:
         """Time the link was busy with our collectives: the union of their launch-to-completion

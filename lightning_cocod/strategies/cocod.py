@@ -274,7 +274,6 @@ class CoCoDMethod(SyncStrategyBase):
     tau = of_rounds("tau")
     tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
     progress = of_rounds("progress")
-    _adaptive = of_rounds("adaptive")  # read by tests/test_bench.py and tests/test_adapt.py (their owners')
 
     def __init__(
         self,
