@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,23 +36,32 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes, *, durable: bool = True) -> None:
+def atomic_write(
+    path: str | os.PathLike,
+    data: str | bytes | Callable[[Path], None],
+    *,
+    durable: bool = True,
+    tmp: Path | None = None,
+) -> None:
     """Replaces ``path`` with ``data`` (text is UTF-8) through a temporary file in the same folder.
 
-    ``durable``: the bytes reach the disk before the rename and the rename before the return; without
-    it a crash can leave an empty or short file under the new name on some file systems (ext4
-    delalloc). Turn it off only for files nobody needs after a crash (a progress line).
+    ``data`` may also be a writer that creates the file at the path it is given (a checkpoint
+    plugin, a download); ``tmp`` names that temporary file when a reader must know it (the
+    default is hidden and carries the pid). ``durable``: the bytes reach the disk before the
+    rename and the rename before the return; without it a crash can leave an empty or short file
+    under the new name on some file systems (ext4 delalloc). Turn it off only for files nobody
+    needs after a crash (a progress line).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    payload = data.encode() if isinstance(data, str) else data
+    tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
+        if callable(data):
+            data(tmp)
+        else:
+            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

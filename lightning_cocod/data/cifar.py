@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_cocod._files import atomic_write
 from lightning_cocod.data.base import InMemoryDataModule
 
 
@@ -82,14 +83,14 @@ def download(spec: _CifarSpec, root: Path) -> None:
     target = root / spec.archive
     if target.is_file() and md5sum(target) == spec.md5:
         return
-    root.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")  # never leave a truncated archive under the real name
-    urllib.request.urlretrieve(spec.url, partial)
-    actual = md5sum(partial)
-    if actual != spec.md5:
-        partial.unlink()
-        raise ValueError(f"download of {spec.url} has md5 {actual}, expected {spec.md5}; file removed")
-    os.replace(partial, target)
+
+    def fetch_and_check(partial: Path) -> None:  # never a truncated or wrong archive under the real name
+        urllib.request.urlretrieve(spec.url, partial)
+        actual = md5sum(partial)
+        if actual != spec.md5:
+            raise ValueError(f"download of {spec.url} has md5 {actual}, expected {spec.md5}; file removed")
+
+    atomic_write(target, fetch_and_check)
 
 
 def _decode(entry: dict, label_key: bytes) -> tuple[Tensor, Tensor]:

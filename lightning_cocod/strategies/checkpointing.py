@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_cocod._files import fsync_dir, fsync_file
+from lightning_cocod._files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -308,11 +308,9 @@ def _alive(pid: int) -> bool:
 
 def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
     """Write ``checkpoint`` with its integrity record to ``filepath`` through ``checkpoint_io``:
-    whole, on disk, or not at all.
-
-    Not ``_files.atomic_write``, which takes bytes: here the user's checkpoint plugin writes the
-    file itself, and the temporary name must hide from Lightning's HPC look-up and carry host and
-    pid, so that a killed writer's leftover is told from a live one's (``remove_stale_temporaries``)."""
+    whole, on disk, or not at all. The temporary name hides from Lightning's HPC look-up and
+    carries host and pid, so that a killed writer's leftover is told from a live one's
+    (``remove_stale_temporaries``)."""
     checkpoint = with_integrity_record(checkpoint)
     path = str(filepath)
     if "://" in path:  # remote storage: no rename there, the backend's own semantics apply
@@ -323,16 +321,11 @@ def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, s
     # the rename must not outrun the bytes), so an asynchronous plugin writes through its inner one.
     if type(checkpoint_io).__name__ == "AsyncCheckpointIO":
         checkpoint_io = checkpoint_io.checkpoint_io
-    tmp = _temporary(path)
-    try:
-        checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
-        fsync_file(tmp)
-        # An earlier version's checksum would describe the file this one replaces.
-        remove_digest(path)
-        os.replace(tmp, path)
-        fsync_dir(os.path.dirname(os.path.abspath(path)))
-    finally:
-        tmp.unlink(missing_ok=True)
+    writer = lambda tmp: checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)  # noqa: E731
+    atomic_write(path, writer, tmp=_temporary(path))
+    # An earlier version's checksum would describe the file this one replaced (the new file's own
+    # record is what a load checks, so a crash before this line misleads nobody).
+    remove_digest(path)
 
 
 def remove_digest(path: str | os.PathLike) -> None:
