@@ -1,6 +1,6 @@
 """Consistency points and Lightning features on 2 gloo processes: evaluation sees the averaged
-model without changing the trajectory; logs carry the round figures; accumulation, clipping,
-bf16, schedulers and a single device work."""
+model without changing the trajectory; logs carry the round figures; accumulation and a single
+device work (clipping, schedulers and bf16: test_features_gloo.py)."""
 
 import csv
 
@@ -8,7 +8,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+from lightning_cocod import CoCoDStrategy
 from tests.helpers import toy
 from tests.test_strategies_gloo import STEPS, TAU, WORLD, assert_matches, fit
 
@@ -50,24 +50,6 @@ def test_accumulation_counts_optimizer_steps(tmp_path):
     assert ranks[0]["rounds"] == [[0, 2], [2, 3]]  # 3 optimizer steps = 6 batches
     assert len(ranks[0]["trajectory"]) == 6
     assert ranks[0]["final"] == ranks[1]["final"]
-
-
-class ScheduledToy(toy.ToyRegression):
-    def configure_optimizers(self):
-        opt = super().configure_optimizers()
-        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)}
-
-
-@pytest.mark.parametrize("strategy_cls", [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy])
-def test_clipping_bf16_and_scheduler_run_and_end_identical(tmp_path, strategy_cls):
-    module = ScheduledToy(6, str(tmp_path))
-    module.net.float()
-    ranks = fit(
-        strategy_cls(start_method="fork"), tmp_path, steps=6, module=module,
-        gradient_clip_val=0.5, precision="bf16-mixed",
-    )
-    assert ranks[0]["final"] == ranks[1]["final"]
-    assert ranks[0]["trajectory"] != ranks[0]["trajectory"][:1] * 6  # it trained
 
 
 def test_one_device_is_plain_training(tmp_path):

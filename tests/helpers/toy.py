@@ -144,13 +144,16 @@ class _Workers:
 
 
 def reference_cocod(
-    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None, progress: float = 1.0
+    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None, progress: float = 1.0,
+    clip: float | None = None, gamma: float | None = None,
 ) -> tuple[list[list[list[float]]], list[list[float]]]:
     """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule
     ``x_i <- avg + progress (x_i - snap_i)`` (1: the paper's rule, CoCoDStrategy's default).
 
     ``unfreeze_bias_at``: the bias starts frozen and out of the optimizer, and joins it (a new
     param group) before that step, as fine-tuning callbacks do; the rounds cover every parameter.
+    ``clip``: each worker's gradient norm is clipped to it before its step; ``gamma``: the
+    learning rate of step t is ``LR * gamma**t`` (a scheduler stepped every step).
     """
     w = _Workers(world, steps, frozen_bias=unfreeze_bias_at is not None)
     trajectory, snaps = [], None
@@ -171,7 +174,12 @@ def reference_cocod(
         if step % tau == 0:
             snaps = w.snapshot()
         w.grads(step)
-        for o in w.opts:
+        for m, o in zip(w.models, w.opts):
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+            if gamma is not None:
+                for group in o.param_groups:
+                    group["lr"] = LR * gamma**step
             o.step()
         if (step + 1) % tau == 0:
             merge()
