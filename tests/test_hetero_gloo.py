@@ -58,10 +58,10 @@ def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path, link_second
     history = ranks[0]["history"]
     assert history[0] == [0, [24, 24]]  # the warm-up epoch is split evenly
     final = history[-1][1]
-    # Rank 1 takes 2 ms a sample against rank 0's 1 ms, plus what both pay alike (the step's own
-    # work, the machine's load), which pulls the ratio toward 1:1 but never past 2:1: rank 0 gets
-    # the larger share, at most 2:1 (32:16) and a rounding step.
-    assert sum(final) == 48 and 25 <= final[0] <= 33, history
+    # Rank 1 sleeps 2 ms a sample against rank 0's 1 ms, plus what both pay alike (the step's own
+    # work, the machine's load), which pulls the ratio toward 1:1: rank 0 gets the larger share,
+    # about 2:1 (32:16) at most, with slack for the oversleep of rank 1's second sleep a step.
+    assert sum(final) == 48 and 25 <= final[0] <= 34, history
     assert ranks[0]["weight"] == final[0] / 48 and ranks[1]["weight"] == final[1] / 48
 
 
