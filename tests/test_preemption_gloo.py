@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import pytorch_lightning as pl
@@ -58,7 +57,8 @@ def test_sigterm_to_one_worker_stops_all_at_one_step_with_a_checkpoint_and_the_r
     # The flag raised after step 9 goes out with step 10's flags, which every rank reads `lag`
     # steps later; all stop at the next batch: at most a round after the signal.
     assert signalled["step"] < stop <= signalled["step"] + 1 + lag, (signalled, stop)
-    assert max(end["time"] for end in ends) - signalled["time"] < 15  # never the 20 s collective timeout
+    # (Both ranks exited with the preemption code at one step: no collective timed out, which
+    # would have ended them with WorkerLostError instead.)
     assert all("SIGTERM on rank 1" in end["reason"] for end in ends if end["rank"] == 1)
     checkpoint = tmp_path / "ckpt" / "last.ckpt"
     assert {end["checkpoint"] for end in ends} == {str(checkpoint)}
@@ -146,9 +146,10 @@ def test_a_requested_checkpoint_is_written_by_every_rank_at_one_step(tmp_path):
 
 
 def test_a_peer_dying_in_lightnings_own_collectives_is_a_worker_lost_error(tmp_path):
-    started = time.monotonic()
     codes, errs, _ = run_ranks(tmp_path, "cocod", 40, "die_in_validation", 1, 4)
     assert codes[1] == 3 and codes[0] not in (0, PREEMPTED_EXIT_CODE)
-    assert time.monotonic() - started < 100
     last = [line for line in errs[0].splitlines() if "WorkerLostError" in line]
     assert last and "rank 0, optimizer step 4" in last[-1] and "resume from the last checkpoint" in last[-1], errs[0][-3000:]
+    # Stopped because the peer's death was seen (its connection went), not by waiting out the
+    # collective timeout: gloo's cause says which.
+    assert "by peer" in last[-1] and "Timed out" not in last[-1], last[-1]
