@@ -135,23 +135,32 @@ def test_cocod_allreduce_in_flight_during_the_rounds_local_steps(tmp_path):
 
 
 class CountDefaultGroupCollectives(pl.Callback):
-    """Counts collectives on the default group while training steps run (not set-up or teardown)."""
+    """Counts collectives on the default group while training steps run (not set-up or teardown),
+    whichever way the group is given: left out, None, by position, or as the WORLD group."""
+
+    # Where each function takes its group when passed by position.
+    GROUP_AT = {"broadcast": 2, "all_reduce": 2, "barrier": 0, "all_gather": 2, "all_gather_object": 2,
+                "broadcast_object_list": 2, "reduce": 3}
 
     def __init__(self, out_dir):
         self.out_dir, self.count, self.training = out_dir, 0, False
 
     def setup(self, trainer, pl_module, stage):
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d
 
-        for name in ("broadcast", "all_reduce", "barrier", "all_gather"):
-            original = getattr(dist, name)
+        default = distributed_c10d._get_default_group()
+        for name, position in self.GROUP_AT.items():
+            original = getattr(distributed_c10d, name)
 
-            def counted(*args, _original=original, **kwargs):
-                if self.training and kwargs.get("group") is None:
+            def counted(*args, _original=original, _position=position, **kwargs):
+                group = kwargs["group"] if "group" in kwargs else (args[_position] if len(args) > _position else None)
+                if self.training and group in (None, dist.group.WORLD, default):
                     self.count += 1
                 return _original(*args, **kwargs)
 
             setattr(dist, name, counted)
+            setattr(distributed_c10d, name, counted)
 
     def on_train_batch_start(self, *args):
         self.training = True
@@ -166,6 +175,14 @@ def test_no_per_step_rendezvous_on_the_default_group(tmp_path, strategy_cls):
     # Lightning broadcasts a SIGTERM flag before every step; ours must not couple the workers so.
     fit(strategy_cls(start_method="fork"), tmp_path, callbacks=[CountDefaultGroupCollectives(tmp_path)])
     assert [int((tmp_path / f"collectives{r}.txt").read_text()) for r in range(WORLD)] == [0, 0]
+
+
+def test_the_counter_sees_lightnings_own_per_step_collectives(tmp_path):
+    # The control: Lightning's DDP broadcasts on the default group before every step (counted from
+    # the second: the first comes before on_train_batch_start).
+    fit("ddp_fork", tmp_path, callbacks=[CountDefaultGroupCollectives(tmp_path)])
+    counts = [int((tmp_path / f"collectives{r}.txt").read_text()) for r in range(WORLD)]
+    assert all(c >= STEPS - 1 for c in counts), counts
 
 
 class FrozenBiasToy(toy.ToyRegression):
