@@ -82,6 +82,7 @@ def compose_job(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose one job's config (an initialized compose context is required); ConfigError on failure."""
     from hydra import compose
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     try:
         return compose(config_name, overrides)
@@ -92,11 +93,10 @@ def compose_job(config_name: str, overrides: list[str]) -> DictConfig:
         accepted = ", ".join(err.options or [])
         raise ConfigError(f"{group}={option} is not an option; accepted: {accepted}") from None
     except HydraException as err:
-        key = getattr(err.__cause__, "full_key", None)
-        if not key:
-            cause = f" ({first_line(err.__cause__)})" if err.__cause__ else ""
-            raise ConfigError(first_line(err) + cause) from None
-        raise ConfigError(unknown_key(key, err.__cause__.parent_node)) from None
+        cause = err.__cause__
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):  # struct mode refused a key
+            raise ConfigError(unknown_key(cause.full_key, cause.parent_node)) from None
+        raise ConfigError(first_line(err) + (f" ({first_line(cause)})" if cause else "")) from None
 
 
 def unknown_key(key: str, parent: DictConfig | None) -> str:
