@@ -203,7 +203,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["experiment=smoke", "launcher.devices=3", "data.batch_size=1000"],
-            "data.batch_size=1000 is invalid; accepted: at most 170 with 3 workers (one global batch of batch_size x workers must fit in the 512 training samples)",
+            "data.batch_size=1000 is invalid; accepted: at most 479 with 3 workers (one global batch of batch_size x workers must fit in the 1437 training samples)",
         ),
         (["data=digits", "data.batch_size=719"], "at most 718 with 2 workers"),
         (["out_root=/proc/x"], "out_root='/proc/x' is invalid; accepted: a folder this user can write"),
@@ -253,6 +253,10 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (["checkpoint.resume=/no/such.ckpt"], "(no file /no/such.ckpt)"),
         (["trainer.enable_checkpointing=true"], "unknown key 'trainer.enable_checkpointing'"),
+        (["trainer.devices=4"], "unknown key 'trainer.devices'; trainer accepts: benchmark"),
+        (["trainer.devices=4"], "the app sets it from launcher.devices"),
+        (["+trainer.devices=4"], "trainer.devices is set by the app from launcher.devices"),
+        (["model._target_=mymod.MyModule"], "model._target_='mymod.MyModule' is invalid; accepted: an importable class"),
         (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
@@ -400,3 +404,40 @@ def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
             len(lines) == 1 and lines[0].startswith("cocod-train: error: ") and cases[override] in lines[0]
         ), err
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+@pytest.mark.parametrize("data", ["digits", "synthetic", "mnist1d", "cifar10"])
+def test_the_smoke_experiment_takes_any_data(data, tmp_path):
+    (cfg,) = preflight(["experiment=smoke", f"data={data}", f"out_root={tmp_path}"])
+    (plain,) = compose_all([f"data={data}"])
+    assert cfg.data._target_ == plain.data._target_ and cfg.data.batch_size == 32
+
+
+def test_the_optimizer_is_chosen_in_the_config():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    for option, kind in (("sgd", torch.optim.SGD), ("adamw", torch.optim.AdamW)):
+        (cfg,) = compose_all(["experiment=smoke", f"optimizer={option}"])
+        optimizer = instantiate(cfg.model).build_optimizer([{"params": params, "weight_decay": 0.0}], lr=0.2)
+        assert type(optimizer) is kind and optimizer.param_groups[0]["lr"] == 0.2
+    assert optimizer.defaults["betas"] == (0.9, 0.999)
+    sgd = instantiate(compose_all(["experiment=smoke"])[0].model).build_optimizer(params, lr=0.1)
+    assert (sgd.defaults["momentum"], sgd.defaults["nesterov"]) == (0.9, False)
+
+
+@pytest.mark.timeout(60)
+def test_help_lists_the_groups_and_the_top_level_options(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.app.train", "--help"],
+        cwd=tmp_path / "empty", capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for group in GROUPS + ("optimizer",):
+        assert f"{group}: {', '.join(options(group))}" in lines
+    keys = yaml.safe_load((CONF / "train.yaml").read_text())
+    scalars = [k for k, v in keys.items() if not isinstance(v, (dict, list))]
+    for key in scalars:  # each with its default and what it does
+        assert any(line.startswith(f"{key}=") and len(line.split()) > 2 for line in lines), key
+    assert "strategy:\n" not in proc.stdout and "process_group_backend" not in proc.stdout  # not a dump
+    assert list((tmp_path / "empty").iterdir()) == []

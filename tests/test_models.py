@@ -196,6 +196,20 @@ def test_step_schedule_in_a_fit():
     assert lrs == pytest.approx([0.1] * 8 + [0.01] * 8 + [0.001] * 8)
 
 
+def test_the_optimizer_given_gets_the_scaled_scheduled_lr_and_the_decay_groups():
+    from functools import partial
+
+    module = ClassifierModule(
+        tiny_net(), lr=0.1, weight_decay=0.01, optimizer=partial(torch.optim.AdamW, betas=(0.8, 0.9)),
+        schedule="step", milestones=[1], scale_lr=True, base_batch_size=4,
+    )
+    trainer, lrs = tiny_fit(module, synthetic(), max_epochs=2)
+    (optimizer,) = trainer.optimizers
+    assert type(optimizer) is torch.optim.AdamW and optimizer.defaults["betas"] == (0.8, 0.9)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]  # none on the bias
+    assert lrs == pytest.approx([0.2] * 8 + [0.02] * 8)  # 0.1 x 8 / 4, then x0.1 at epoch 1
+
+
 def test_top5_logged_for_100_classes():
     module = ClassifierModule(tiny_net(100), lr=0.1)
     trainer = single_cpu_trainer()

@@ -43,7 +43,8 @@ def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
     assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     record = json.loads((tmp_path / "smoke" / "two-agents" / "run.json").read_text())
     measured = record["condition"]["measured"]
-    assert record["workers"] == 2 and record["test_acc"] is not None and record["steps"] == 16
+    # smoke: the digits' 1,437 training images, 32 per rank x 2 ranks, 2 epochs of 22 steps; it learns.
+    assert record["workers"] == 2 and record["test_acc"] > 0.5 and record["steps"] == 44
     # The launcher picked what this machine has: the CPU and gloo, one thread per rank as asked.
     assert measured["accelerator"] == "cpu" and measured["threads"] == 1 and measured["world_size"] == 2
     # ... and given to the OpenMP runtime before torch loaded, as OMP_NUM_THREADS=1 would have

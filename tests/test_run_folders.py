@@ -181,17 +181,17 @@ def test_a_second_run_with_the_same_id_is_refused_and_damaged_files_of_others_co
 
 
 def test_an_eval_set_the_workers_cannot_split_evenly_is_refused_before_any_worker_starts(tmp_path):
-    # smoke: 2 workers, eval batches of 2 x 32 samples.
+    # smoke on synthetic data: 2 workers, eval batches of 2 x 32 samples.
     with pytest.raises(ConfigError) as info:
-        preflight(["experiment=smoke", f"out_root={tmp_path}", "data.num_eval_samples=1"])
+        preflight(["experiment=smoke", "data=synthetic", f"out_root={tmp_path}", "data.num_eval_samples=1"])
     assert str(info.value) == (
         "data.num_eval_samples=1 is invalid; accepted: a count every one of the 2 workers can split into the "
         "same number of eval batches of at most 64 samples, none empty (e.g. 2)"
     )
     # Batches of one: 3 samples give rank 0 one batch and rank 1 two.
     with pytest.raises(ConfigError, match=r"^data.num_eval_samples=3 is invalid; .* \(e.g. 4\)$"):
-        preflight(["experiment=smoke", f"out_root={tmp_path}", "data.num_eval_samples=3", "data.eval_batch_size=1"])
-    assert preflight(["experiment=smoke", f"out_root={tmp_path}", "data.num_eval_samples=4", "data.eval_batch_size=1"])
+        preflight(["experiment=smoke", "data=synthetic", f"out_root={tmp_path}", "data.num_eval_samples=3", "data.eval_batch_size=1"])
+    assert preflight(["experiment=smoke", "data=synthetic", f"out_root={tmp_path}", "data.num_eval_samples=4", "data.eval_batch_size=1"])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a read-only mount needs root (root writes through mode bits)")

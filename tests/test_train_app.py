@@ -26,6 +26,7 @@ from lightning_cocod.launch.netns import shaped_namespace
 
 # 128 samples, 32 per rank x 2 ranks: 2 optimizer steps per epoch; an 8-wide SmallCNN.
 TINY = [
+    "data=synthetic",
     "data.num_samples=128",
     "data.num_eval_samples=64",
     "max_epochs=2",
@@ -182,7 +183,7 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
 @pytest.mark.timeout(420)
 def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     # 4096 samples, 32 per rank x 2: 64 steps per epoch; nothing saved on a schedule before step 64.
-    common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=r1"]
+    common = ["experiment=smoke", "data=synthetic", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=r1"]
     common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "step_time_warmup=1"]
     folder = tmp_path / "out" / "smoke" / "r1"
     code, console, _ = _signal_rank_one(
@@ -201,6 +202,7 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     assert command[-2:] == ["run_id=r1", "checkpoint.resume=last"] and "max_epochs=50" in command
     resumed = run_app(tmp_path, *[a for a in command[1:] if not a.startswith("max_epochs=")], f"max_epochs={epochs}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"cocod-tau4-w2-s0: resumed from {last} at step {saved}" in resumed.stdout + resumed.stderr
     record = json.loads((folder / "run.json").read_text())
     # Continued where it stopped: the steps it had left, into the file it resumed from.
     assert record["steps"] == 64 * epochs and record["steps_trained"] == 64 * epochs - saved
@@ -235,7 +237,8 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_ctrl_c_to_the_app_says_so_and_prints_the_command_that_resumes(tmp_path):
-    common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=c1", "max_epochs=50"]
+    common = ["experiment=smoke", "data=synthetic", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=c1"]
+    common += ["max_epochs=50"]
     common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "progress_every_s=0.5"]
     folder = tmp_path / "out" / "smoke" / "c1"
     code, console, errors = _signal_rank_one(
@@ -325,3 +328,74 @@ def test_steady_step_time_over_whole_rounds_and_short_runs():
     assert steady_step_seconds(ends, warmup=1, period=4) == pytest.approx((14.0 - 0.0) / 8)
     assert steady_step_seconds(ends[:4], warmup=20, period=4) == pytest.approx(1.0)  # too short for a round
     assert steady_step_seconds([5.0], warmup=1, period=1) is None
+
+
+USER_MODULE = '''
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class MyModule(pl.LightningModule):  # no **kwargs: the config may pass it nothing it does not name
+    def __init__(self, hidden: int = 8):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.Linear(hidden, 10))
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def _eval(self, stage, batch):
+        x, y = batch
+        self.log(f"{stage}/acc", (self.net(x).argmax(1) == y).float().mean(), sync_dist=True)
+
+    def validation_step(self, batch, _):
+        self._eval("val", batch)
+
+    def test_step(self, batch, _):
+        self._eval("test", batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class MyData(pl.LightningDataModule):
+    def __init__(self, batch_size: int, eval_batch_size=None, seed: int = 0):
+        super().__init__()
+        self.batch_size = batch_size
+        g = torch.Generator().manual_seed(seed)
+        self.x, self.y = torch.randn(256, 1, 8, 8, generator=g), torch.randint(0, 10, (256,), generator=g)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size)
+
+    val_dataloader = test_dataloader = train_dataloader
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder(tmp_path):
+    (tmp_path / "mymod.py").write_text(USER_MODULE)
+    # Started as the console script is: no current folder on sys.path (python -P).
+    common = ["-P", "-m", "lightning_cocod.app.train", "data=digits", "logger=none", f"out_root={tmp_path / 'out'}"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    mine = ["data._target_=mymod.MyData", "~model", "+model._target_=mymod.MyModule", "+model.hidden=16"]
+    done = subprocess.run(
+        [sys.executable, *common, *mine, "max_epochs=1", "run_id=u", "step_time_warmup=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "out" / "default" / "u" / "run.json").read_text())
+    assert 0 <= record["test_acc"] <= 1 and record["steps"] == 4  # 256 samples, 32 per rank x 2
+    # Only the target replaced: the package's model keys would go to a module that takes none of them.
+    refused = subprocess.run(
+        [sys.executable, *common, "model._target_=mymod.MyModule"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "cocod-train: error: unknown key 'model.base_batch_size'; MyModule accepts: hidden; a module of your own: "
+        "~model +model._target_=mymod.MyModule"
+    ], refused.stderr[-3000:]

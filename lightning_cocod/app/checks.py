@@ -11,41 +11,20 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-METHODS = {
-    "CoCoDStrategy": "cocod",
-    "LocalSGDStrategy": "local_sgd",
-    "PipeSGDStrategy": "pipe_sgd",
-    "SSGDStrategy": "ssgd",
-    "DDPStrategy": "ssgd",
-}
-PERIODIC = ("cocod", "local_sgd")  # the methods with a period; the others ignore ``tau``
-LAUNCHERS = {
-    # The cpu/gpu launchers start the ranks of each job themselves; torchrun/slurm find them started.
-    "cpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "rate", "timeout_s"},
-    "gpu": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker", "timeout_s"},
-    "torchrun": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker"},
-    "slurm": {"accelerator", "devices", "num_nodes", "backend", "threads_per_worker"},
-}
-TOP_KEYS = {
-    *("strategy", "model", "dataset", "data", "launcher", "logger", "trainer"),
-    *("name", "group", "run_id", "out_root", "seed", "max_epochs", "max_steps", "target_accuracy"),
-    *("tau", "step_time_warmup", "progress_every_s"),
-    "hetero",
-    "checkpoint",
-}
-CHECKPOINT_KEYS = {"every_n_epochs", "every_n_steps", "every_n_minutes", "resume"}
-HETERO_KEYS = {"proportional", "batch_sizes", "every_n_epochs", "slowdown"}
-DATASET_KEYS = {"name", "num_classes", "in_channels"}
-# Trainer arguments the app derives from the launcher, strategy and logger groups.
+from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
+from lightning_cocod.strategies.reliability import first_line
+
+LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
+# Trainer arguments the app derives from other keys: the key to set instead.
 APP_TRAINER_KEYS = {
-    "accelerator",
-    "devices",
-    "num_nodes",
-    "strategy",
-    "logger",
-    "callbacks",
-    "default_root_dir",
-    "enable_checkpointing",
+    "accelerator": "launcher.accelerator",
+    "devices": "launcher.devices (ranks per node)",
+    "num_nodes": "launcher.num_nodes",
+    "strategy": "strategy=... and tau=...",
+    "logger": "logger=...",
+    "callbacks": "the hetero, checkpoint and progress_every_s keys",
+    "default_root_dir": "out_root, name and run_id",
+    "enable_checkpointing": "checkpoint.every_n_epochs, every_n_steps and every_n_minutes",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
 
@@ -62,56 +41,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_hetero(cfg: DictConfig, method: str) -> None:
-    hetero = cfg.hetero
-    _unknown(hetero, "hetero", HETERO_KEYS)
-    if not isinstance(hetero.proportional, bool):
-        raise bad("hetero.proportional", hetero.proportional, "true or false")
-    _positive_int("hetero.every_n_epochs", hetero.every_n_epochs)
-    workers = cfg.launcher.devices * cfg.launcher.num_nodes
-    if hetero.batch_sizes is not None:
-        sizes = list(hetero.batch_sizes)
-        total = cfg.data.batch_size * workers
-        if len(sizes) != workers or not all(_is_int(b) and b >= 1 for b in sizes) or sum(sizes) != total:
-            raise bad(
-                "hetero.batch_sizes",
-                sizes,
-                f"{workers} positive integers summing to {total} (data.batch_size x workers)",
-            )
-    if (hetero.proportional or hetero.batch_sizes is not None) and method not in ("cocod", "local_sgd"):
-        raise bad(
-            "hetero.proportional",
-            hetero.proportional,
-            f"false with strategy {method} (it averages uniformly)",
-        )
-    if hetero.slowdown is not None:
-        factors = list(hetero.slowdown)
-        if len(factors) != workers or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in factors
-        ):
-            raise bad(
-                "hetero.slowdown", factors, f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
-            )
-
-
-def _check_checkpoint(cfg: DictConfig) -> None:
-    checkpoint = cfg.checkpoint
-    _unknown(checkpoint, "checkpoint", CHECKPOINT_KEYS)
-    for key in ("every_n_epochs", "every_n_steps"):
-        every = checkpoint[key]
-        if not _is_int(every) or every < 0:
-            raise bad(f"checkpoint.{key}", every, "an integer >= 0 (0: not on this schedule)")
-    if not _is_number(checkpoint.every_n_minutes) or checkpoint.every_n_minutes < 0:
-        raise bad(
-            "checkpoint.every_n_minutes",
-            checkpoint.every_n_minutes,
-            "a number >= 0 (0: not on this schedule)",
-        )
-    resume = checkpoint.resume
-    if resume is not None and (not isinstance(resume, str) or not resume):
-        raise bad("checkpoint.resume", resume, "null, last, auto, or the path of a .ckpt file")
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -121,41 +50,21 @@ def _positive_int(key: str, value: Any, what: str = "a positive integer") -> Non
         raise bad(key, value, what)
 
 
-def _unknown(node: DictConfig, section: str, allowed: set[str]) -> None:
-    extra = sorted(set(node) - allowed)
-    if extra:
-        raise ConfigError(
-            f"unknown key '{section}.{extra[0]}'; {section} accepts: {', '.join(sorted(allowed))}"
-        )
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
-
-
 def method_of(strategy: DictConfig) -> str:
     target = str(strategy.get("_target_", ""))
-    method = METHODS.get(target.rpartition(".")[2])
+    method = method_of_class(target.rpartition(".")[2])
     if method is None:
-        raise bad(
-            "strategy._target_",
-            target,
-            "a class among " + ", ".join(METHODS) + " (strategy=" + "|".join(METHODS.values()) + ")",
-        )
+        classes = ", ".join(m.strategy_class for m in METHODS.values())
+        raise bad("strategy._target_", target, f"a class among {classes} (strategy={'|'.join(METHODS)})")
     return method
 
 
 def check_values(cfg: DictConfig) -> None:
     """Everything that needs no import beyond OmegaConf: types, ranges, known names."""
     try:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
+        OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
         raise ConfigError(f"cannot resolve the config: {first_line(err)}") from None
-    assert isinstance(resolved, dict)
-    extra = sorted(set(resolved) - TOP_KEYS)
-    if extra:
-        raise ConfigError(f"unknown key '{extra[0]}'; the top level accepts: {', '.join(sorted(TOP_KEYS))}")
     for key in ("name", "group", "run_id"):
         # "." and ".." pass the pattern but name no folder of their own: out_root or its parent.
         if not isinstance(cfg[key], str) or not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
@@ -171,25 +80,17 @@ def check_values(cfg: DictConfig) -> None:
     if not _is_int(cfg.max_steps) or (cfg.max_steps < 1 and cfg.max_steps != -1):
         raise bad("max_steps", cfg.max_steps, "-1 (no limit) or a positive integer")
     if cfg.max_epochs is None and cfg.max_steps == -1:
-        raise bad(
-            "max_epochs", None, "a positive integer, or set max_steps: with neither, training never stops"
-        )
+        raise bad("max_epochs", None, "a positive integer, or set max_steps: without, training never stops")
     target = cfg.target_accuracy
-    if target is not None and (
-        not isinstance(target, (int, float)) or isinstance(target, bool) or not 0 < target <= 1
-    ):
+    if target is not None and (not _is_number(target) or not 0 < target <= 1):
         raise bad("target_accuracy", target, "null or a fraction in (0, 1], e.g. 0.93")
     _positive_int("step_time_warmup", cfg.step_time_warmup)
-
-    _unknown(cfg.dataset, "dataset", DATASET_KEYS)
     _positive_int("dataset.num_classes", cfg.dataset.num_classes)
     _positive_int("dataset.in_channels", cfg.dataset.in_channels)
-    _positive_int(
-        "data.batch_size", cfg.data.get("batch_size"), "a positive integer (samples per rank per step)"
-    )
+    batch = cfg.data.get("batch_size")
+    _positive_int("data.batch_size", batch, "a positive integer (samples per rank per step)")
     if cfg.data.get("eval_batch_size") is not None:
         _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
-
     if not _is_number(cfg.progress_every_s) or cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
@@ -198,22 +99,14 @@ def check_values(cfg: DictConfig) -> None:
     # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
     # the process (SIGABRT) instead of raising: a failure that names nothing.
     if "timeout" in cfg.strategy and (not _is_number(timeout) or timeout < 1):
-        raise bad(
-            "strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)"
-        )
-    _check_hetero(cfg, method)
-    _check_checkpoint(cfg)
+        raise bad("strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)")
     if cfg.strategy.get("start_method", "popen") != "popen":
-        raise bad(
-            "strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist before the Trainer)"
-        )
+        raise bad("strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist already)")
+    _check_hetero(cfg, method)
+    _check_checkpoint(cfg.checkpoint)
     _check_launcher(cfg)
-
-    bad_trainer = sorted(APP_TRAINER_KEYS & set(cfg.trainer))
-    if bad_trainer:
-        raise ConfigError(
-            f"trainer.{bad_trainer[0]} is set by the app; use the launcher/strategy/logger groups instead"
-        )
+    for key in sorted(APP_TRAINER_KEYS.keys() & set(cfg.trainer)):
+        raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
 
 
 def _check_tau(cfg: DictConfig, method: str) -> None:
@@ -227,7 +120,7 @@ def _check_tau(cfg: DictConfig, method: str) -> None:
     if method not in PERIODIC:
         return
     # Name the key the user wrote: the strategy's tau is ${tau} unless strategy.tau was set.
-    key = "tau" if OmegaConf.to_container(cfg.strategy).get("tau") == "${tau}" else "strategy.tau"
+    key = "tau" if OmegaConf.is_interpolation(cfg.strategy, "tau") else "strategy.tau"
     tau = cfg.strategy.get("tau")
     if method == "cocod" and tau == "auto":
         return  # CoCoDStrategy checks tau_min/tau_max itself when it is built
@@ -237,30 +130,55 @@ def _check_tau(cfg: DictConfig, method: str) -> None:
     _positive_int(key, tau, accepted)
 
 
+def _check_hetero(cfg: DictConfig, method: str) -> None:
+    hetero = cfg.hetero
+    if not isinstance(hetero.proportional, bool):
+        raise bad("hetero.proportional", hetero.proportional, "true or false")
+    _positive_int("hetero.every_n_epochs", hetero.every_n_epochs)
+    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    if hetero.batch_sizes is not None:
+        sizes, total = list(hetero.batch_sizes), cfg.data.batch_size * workers
+        if len(sizes) != workers or not all(_is_int(b) and b >= 1 for b in sizes) or sum(sizes) != total:
+            accepted = f"{workers} positive integers summing to {total} (data.batch_size x workers)"
+            raise bad("hetero.batch_sizes", sizes, accepted)
+    if (hetero.proportional or hetero.batch_sizes is not None) and method not in PERIODIC:
+        accepted = f"false with strategy {method} (it averages uniformly)"
+        raise bad("hetero.proportional", hetero.proportional, accepted)
+    if hetero.slowdown is not None:
+        factors = list(hetero.slowdown)
+        if len(factors) != workers or not all(_is_number(f) and f >= 1 for f in factors):
+            accepted = f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
+            raise bad("hetero.slowdown", factors, accepted)
+
+
+def _check_checkpoint(checkpoint: DictConfig) -> None:
+    for key in ("every_n_epochs", "every_n_steps"):
+        if not _is_int(checkpoint[key]) or checkpoint[key] < 0:
+            raise bad(f"checkpoint.{key}", checkpoint[key], "an integer >= 0 (0: not on this schedule)")
+    if not _is_number(checkpoint.every_n_minutes) or checkpoint.every_n_minutes < 0:
+        accepted = "a number >= 0 (0: not on this schedule)"
+        raise bad("checkpoint.every_n_minutes", checkpoint.every_n_minutes, accepted)
+    resume = checkpoint.resume
+    if resume is not None and (not isinstance(resume, str) or not resume):
+        raise bad("checkpoint.resume", resume, "null, last, auto, or the path of a .ckpt file")
+
+
 def _check_launcher(cfg: DictConfig) -> None:
     launcher = cfg.launcher
     name = launcher.get("name")
-    if name not in LAUNCHERS:
+    if name not in LAUNCHERS:  # a launcher config of one's own names one of these
         raise bad("launcher.name", name, ", ".join(LAUNCHERS))
-    _unknown(launcher, "launcher", LAUNCHERS[name] | {"name", "run_id"})
     _positive_int("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
     _positive_int("launcher.num_nodes", launcher.num_nodes)
     if launcher.get("threads_per_worker") is not None:
-        _positive_int("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive integer")
+        _positive_int("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive int")
     if name in ("cpu", "gpu"):
         if launcher.num_nodes != 1:
-            raise bad(
-                "launcher.num_nodes",
-                launcher.num_nodes,
-                f"1 with launcher={name}; use launcher=torchrun or slurm",
-            )
-        timeout = launcher.timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise bad("launcher.timeout_s", timeout, "a positive number of seconds")
+            accepted = f"1 with launcher={name}; use launcher=torchrun or slurm"
+            raise bad("launcher.num_nodes", launcher.num_nodes, accepted)
+        if not _is_number(launcher.timeout_s) or launcher.timeout_s <= 0:
+            raise bad("launcher.timeout_s", launcher.timeout_s, "a positive number of seconds")
     elif cfg.run_id in ("none", ""):
-        raise bad(
-            "run_id",
-            cfg.run_id,
-            f"an id that every rank shares, for the output folders: pass run_id=... "
-            f"({'torchrun --rdzv-id' if name == 'torchrun' else 'SLURM_JOB_ID'} supplies one)",
-        )
+        supplier = "torchrun --rdzv-id" if name == "torchrun" else "SLURM_JOB_ID"
+        accepted = f"an id that every rank shares, for the output folders: run_id=... ({supplier} gives one)"
+        raise bad("run_id", cfg.run_id, accepted)

@@ -117,10 +117,10 @@ def claim_command(argv: Sequence[str], cfg: DictConfig) -> list[str]:
     writes into it; returns ``argv``, with ``run_id=`` pinned when the id came from the clock:
     Hydra would read the clock again, maybe a second later, and the id is the first of
     ``<time>``, ``<time>-2``, ... whose folder no other run holds."""
-    from hydra._internal.utils import get_args_parser
+    from lightning_cocod.app.preflight import parse_args
 
     argv = list(argv)
-    args = get_args_parser().parse_args(argv)
+    args = parse_args(argv)
     setting = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
     given = [o.partition("=")[2] for o in args.overrides if o.startswith(setting + "=")]
     continuing = cfg.checkpoint.resume in ("last", "auto")

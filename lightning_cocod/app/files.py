@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,9 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def check_out_root(out_root: Any) -> None:
-    """``out_root`` can be made and written: probed with a folder that is removed at once."""
+    """``out_root`` can be made and written: its nearest existing folder is probed."""
+    from lightning_cocod._files import unwritable
+
     if not isinstance(out_root, str) or not out_root:
         raise bad("out_root", out_root, "the path of a folder for the runs' outputs")
     existing = Path(out_root).expanduser().absolute()
@@ -76,12 +77,7 @@ def check_out_root(out_root: Any) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise bad("out_root", out_root, f"a folder this user can write ({existing} is a file)")
-    try:
-        with tempfile.TemporaryDirectory(dir=existing, prefix=".cocod-probe-"):
-            pass
-    except OSError as err:
-        raise bad(
-            "out_root",
-            out_root,
-            f"a folder this user can write (cannot create one in {existing}: {err.strerror})",
-        ) from None
+    problem = unwritable(existing)
+    if problem:
+        accepted = f"a folder this user can write (cannot create one in {existing}: {problem})"
+        raise bad("out_root", out_root, accepted)

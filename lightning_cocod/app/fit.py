@@ -14,10 +14,12 @@ from omegaconf import DictConfig
 
 from lightning_cocod.app.condition import condition, condition_id, measured
 from lightning_cocod.app.files import resume_checkpoint
+from lightning_cocod.app.identity import world_size
 from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
 from lightning_cocod.app.record import write_finished
 from lightning_cocod.app.runs import group_runs
 from lightning_cocod.app.speedup import speedup
+from lightning_cocod.trainer import build_trainer
 
 
 def _skipped(path: Path, why: str) -> None:
@@ -92,7 +94,7 @@ def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
 
     hetero, callbacks = cfg.hetero, []
     if hetero.proportional or hetero.batch_sizes is not None:
-        workers = cfg.launcher.devices * cfg.launcher.num_nodes
+        workers = world_size(cfg)
         callbacks.append(
             ProportionalSampling(
                 global_batch_size=cfg.data.batch_size * workers,
@@ -131,12 +133,11 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
 
     import lightning_cocod  # noqa: F401 - registers the strategy names
     from lightning_cocod.app.agreement import SameConfig, must_agree
-    from lightning_cocod.app.objects import build_strategy
     from lightning_cocod.callbacks import AccuracyTimeline, StepTimer
 
     torch.set_num_threads(threads_per_rank(cfg.launcher, os.environ))
     pl.seed_everything(cfg.seed, workers=True)
-    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), build_strategy(cfg.strategy)
+    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), instantiate(cfg.strategy)
     resume = resume_checkpoint(cfg, job_dir, verify=False)  # the launcher verified it
     timer = StepTimer()
     timeline = AccuracyTimeline(timer, metric="val/acc", target=cfg.target_accuracy)
@@ -149,7 +150,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         *_checkpoint_callbacks(cfg, job_dir, resume),
         *_progress_callbacks(cfg, job_dir, identity["name"]),
     ]
-    trainer = pl.Trainer(
+    trainer = build_trainer(
         **_trainer_kwargs(cfg),
         strategy=strategy,
         logger=logger,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import math
 import typing
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, bad, first_line
+from lightning_cocod.app.identity import world_size
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
@@ -31,6 +31,7 @@ def _target_nodes(node: Any, path: str = "") -> list[tuple[str, DictConfig]]:
 
 def check_objects(cfg: DictConfig) -> None:
     """Import every ``_target_``, reject keys its signature lacks, and build the cheap objects."""
+    import pytorch_lightning as pl
     from hydra.utils import get_object
 
     for path, node in _target_nodes(cfg):
@@ -39,20 +40,9 @@ def check_objects(cfg: DictConfig) -> None:
         except Exception as err:  # noqa: BLE001 - any import failure is a config error here
             raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
         _check_signature(path, target, node)
-    _check_signature("trainer", _trainer_class(), cfg.trainer, frozenset(APP_TRAINER_KEYS))
-    _check_annotations("trainer", _trainer_class(), cfg.trainer)
+    _check_signature("trainer", pl.Trainer, cfg.trainer, frozenset(APP_TRAINER_KEYS))
+    _check_annotations("trainer", pl.Trainer, cfg.trainer)
     _build_cheap_objects(cfg)
-
-
-def build_strategy(node: DictConfig) -> Any:
-    """The strategy of a config node; ``timeout`` (seconds in the config) as the timedelta that
-    Lightning's DDPStrategy takes."""
-    from hydra.utils import instantiate
-
-    timeout = node.get("timeout")
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        return instantiate(node, timeout=timedelta(seconds=timeout))
-    return instantiate(node)
 
 
 def _check_annotations(path: str, target: Any, node: DictConfig) -> None:
@@ -62,12 +52,6 @@ def _check_annotations(path: str, target: Any, node: DictConfig) -> None:
     for key, value in values.items():
         if key in hints and not accepts(hints[key], value):
             raise bad(f"{path}.{key}", value, describe(hints[key]))
-
-
-def _trainer_class() -> Any:
-    import pytorch_lightning as pl
-
-    return pl.Trainer
 
 
 def _check_signature(
@@ -80,11 +64,19 @@ def _check_signature(
     extra = sorted(set(node) - accepted - _HYDRA_KEYS)
     if extra:
         name = getattr(target, "__name__", str(target))
-        raise ConfigError(f"unknown key '{path}.{extra[0]}'; {name} accepts: {', '.join(sorted(accepted))}")
+        # The model group's keys are ClassifierModule's: a module of one's own starts from none; a
+        # datamodule of one's own needs data.batch_size (the global batch), the others can go.
+        hint = ""
+        if path == "model":
+            hint = f"; a module of your own: ~model +model._target_={node._target_}"
+        elif path == "data":
+            hint = f"; a datamodule of your own takes batch_size (drop the others: ~data.{extra[0]})"
+        listed = ", ".join(sorted(accepted))
+        raise ConfigError(f"unknown key '{path}.{extra[0]}'; {name} accepts: {listed}{hint}")
 
 
 def _build_cheap_objects(cfg: DictConfig) -> None:
-    from hydra.utils import get_object, instantiate
+    from hydra.utils import instantiate
     from torch import nn
 
     import lightning_cocod  # noqa: F401 - the strategy classes, registered
@@ -94,14 +86,12 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
         try:
             parse_rate(cfg.launcher.rate)
         except (TypeError, ValueError):
-            raise bad(
-                "launcher.rate", cfg.launcher.rate, "null or a tc rate like '300mbit', '1gbit'"
-            ) from None
+            raise bad("launcher.rate", cfg.launcher.rate, "null or a tc rate: '300mbit', '1gbit'") from None
     built = {}
-    for section, build in (("strategy", build_strategy), ("data", instantiate)):
+    for section in ("strategy", "data"):
         try:
-            built[section] = build(cfg[section])
-        except Exception as err:  # noqa: BLE001
+            built[section] = instantiate(cfg[section])
+        except Exception as err:  # noqa: BLE001 - the constructor's own check, said in one line
             raise ConfigError(f"{section}: {first_line(err.__cause__ or err)}") from None
     _check_batch_fits(cfg, built["data"])
     _check_eval_fits(cfg, built["data"])
@@ -113,20 +103,18 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
             f"0 with {strategy}, which cannot checkpoint on request (use every_n_steps)",
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model, dict)
-    model.pop("net", None)
+    stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
     try:
-        get_object(model.pop("_target_"))(net=nn.Linear(1, cfg.dataset.num_classes), **model)
+        instantiate(cfg.model, **stand_in)
     except Exception as err:  # noqa: BLE001
-        raise ConfigError(f"model: {first_line(err)}") from None
+        raise ConfigError(f"model: {first_line(err.__cause__ or err)}") from None
     _check_cifar_files(cfg)
     _check_gpus(cfg)
 
 
 def _check_batch_fits(cfg: DictConfig, data: Any) -> None:
     samples = getattr(data, "num_train_samples", None)
-    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    workers = world_size(cfg)
     if samples is not None and cfg.data.batch_size * workers > samples:
         raise bad(
             "data.batch_size",
@@ -148,7 +136,7 @@ def _check_eval_fits(cfg: DictConfig, data: Any) -> None:
     batch = getattr(data, "eval_batch_size", None)
     if not isinstance(samples, int) or not isinstance(batch, int):
         return
-    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    workers = world_size(cfg)
     if not _even_eval(samples, workers, batch):
         # A multiple of workers x batch always qualifies: the search ends.
         near = next(n for n in range(max(samples, workers), samples + workers * batch + 1) if _even_eval(n, workers, batch))

@@ -8,17 +8,19 @@ the first problem becomes one line naming the key and what it accepts.
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, method_of
+from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, check_values, first_line, method_of
 from lightning_cocod.app.files import check_out_root, resume_checkpoint
 from lightning_cocod.app.objects import check_objects
+from lightning_cocod.methods import PERIODIC
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
 
@@ -38,70 +40,76 @@ def config_dir() -> Path:
     return path
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Hydra's command-line flags (Hydra parses the command line again itself when it runs)."""
+    parser = argparse.ArgumentParser(prog="cocod-train", add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    switches = ("-h --help", "--hydra-help", "--version", "--resolve", "-r --run", "-m --multirun")
+    for flags in (*switches, "-sc --shell-completion"):
+        parser.add_argument(*flags.split(), action="store_true")
+    for flags in ("-c --cfg", "-p --package", "-cp --config-path", "-cn --config-name", "-cd --config-dir"):
+        parser.add_argument(*flags.split())
+    parser.add_argument("--experimental-rerun")
+    parser.add_argument("-i", "--info", nargs="?", const="all")
+    return parser.parse_args(list(argv))
+
+
 def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
-    """The override list of every job the command line stands for, in Hydra's launch order."""
+    """The override list of every job the command line stands for, in the order of Hydra's basic
+    sweeper: the product of the swept values, the first override varying slowest."""
     if not multirun:
         return [list(overrides)]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as err:
-        raise ConfigError(f"cannot parse the overrides: {str(err).strip().splitlines()[0]}") from None
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        raise ConfigError(f"cannot parse the overrides: {first_line(err)}") from None
+    values: dict[str, list[str]] = {}  # a key given twice: the last one counts, as for Hydra
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override() and not override.is_discrete_sweep():
+            raise ConfigError(f"{override.input_line}: accepted: a list of values (a,b,c), not a range")
+        if override.is_sweep_override():
+            values[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
+        else:
+            values[key] = [f"{key}={override.get_value_element_as_str()}"]
+    return [list(job) for job in itertools.product(*values.values())]
 
 
-def compose_job(conf: Path, config_name: str, overrides: list[str]) -> DictConfig:
+def compose_job(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose one job's config (an initialized compose context is required); ConfigError on failure."""
     from hydra import compose
-    from hydra.errors import HydraException, OverrideParseException
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     try:
         return compose(config_name, overrides)
     except OverrideParseException as err:
-        raise ConfigError(
-            f"cannot parse the overrides {' '.join(overrides)}: {str(err).strip().splitlines()[0]}"
-        ) from None
+        raise ConfigError(f"cannot parse the overrides {' '.join(overrides)}: {first_line(err)}") from None
+    except MissingConfigException as err:
+        group, _, option = str(err.missing_cfg_file).rpartition("/")
+        accepted = ", ".join(err.options or [])
+        raise ConfigError(f"{group}={option} is not an option; accepted: {accepted}") from None
     except HydraException as err:
-        raise ConfigError(explain(err, conf, config_name, overrides)) from None
+        cause = err.__cause__
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):  # struct mode refused a key
+            raise ConfigError(unknown_key(cause.full_key, cause.parent_node)) from None
+        raise ConfigError(first_line(err) + (f" ({first_line(cause)})" if cause else "")) from None
 
 
-def explain(err: Exception, conf: Path, config_name: str, overrides: list[str]) -> str:
-    from hydra import compose
-
-    text = str(err)
-    missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
-    if missing:
-        group, option = missing.groups()
-        options = sorted(p.stem for p in (conf / group).glob("*.yaml"))
-        return f"{group}={option} is not an option; accepted: {', '.join(options)}"
-    unknown = re.match(r"Could not override '([^']+)'", text)
-    if unknown and "not in struct" in str(err.__cause__):
-        key = unknown.group(1)
-        parent = key.rpartition(".")[0]
-        others = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key]
-        try:
-            node = compose(config_name, others)
-            for part in filter(None, parent.split(".")):
-                node = node[part]
-            accepted = ", ".join(sorted(map(str, node)))
-        except Exception:  # noqa: BLE001 - the listing is a courtesy; the key is what matters
-            accepted = "see conf/"
-        hint = (
-            "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
-            if key == "strategy.tau"
-            else f" (+{key}=... adds a key)"
-        )
-        return f"unknown key '{key}'; {parent or 'the top level'} accepts: {accepted}{hint}"
-    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    cause = (
-        f" ({str(err.__cause__).strip().splitlines()[0]})"
-        if err.__cause__ and str(err.__cause__).strip()
-        else ""
-    )
-    return first + cause
+def unknown_key(key: str, parent: DictConfig | None) -> str:
+    """A key that struct mode refused: what its node accepts, and the key the user meant."""
+    section, _, name = key.rpartition(".")
+    accepted = ", ".join(sorted(k for k in (parent or {}) if k != "hydra"))
+    if section == "trainer" and name in APP_TRAINER_KEYS:
+        hint = f"; the app sets it from {APP_TRAINER_KEYS[name]}"
+    elif key == "strategy.tau":
+        hint = "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
+    else:
+        hint = f" (+{key}=... adds a key)"
+    return f"unknown key '{key}'; {section or 'the top level'} accepts: {accepted}{hint}"
 
 
 def preflight(argv: Sequence[str]) -> list[DictConfig]:
@@ -112,27 +120,14 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
     need no data, no checkpoint and no writable output folder.
     """
     from hydra import initialize_config_dir
-    from hydra._internal.utils import get_args_parser
 
-    args = get_args_parser().parse_args(list(argv))
-    if any(
-        (
-            args.help,
-            args.hydra_help,
-            args.cfg,
-            args.info,
-            args.shell_completion,
-            args.config_path,
-            args.config_dir,
-            args.experimental_rerun,
-        )
-    ):
+    args = parse_args(argv)
+    leave_to_hydra = (args.help, args.hydra_help, args.version, args.cfg, args.info, args.shell_completion)
+    if any((*leave_to_hydra, args.config_path, args.config_dir, args.experimental_rerun)):
         return []
-    conf = config_dir()
-    config_name = args.config_name or "train"
     jobs = job_overrides(args.overrides, args.multirun)
-    with initialize_config_dir(str(conf), version_base="1.3", job_name="train"):
-        configs = [compose_job(conf, config_name, overrides) for overrides in jobs]
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
+        configs = [compose_job(args.config_name or "train", overrides) for overrides in jobs]
     for overrides, cfg in zip(jobs, configs):
         _label(check_values, cfg, overrides, len(jobs))
         _label(lambda c: check_out_root(c.out_root), cfg, overrides, len(jobs))
@@ -180,37 +175,29 @@ def duplicate_jobs(configs: Sequence[DictConfig]) -> dict[int, int]:
         if method_of(cfg.strategy) not in PERIODIC:
             plain.pop("tau", None)
         key = json.dumps(plain, sort_keys=True, default=str)
-        if key in first:
-            repeats[num] = first[key]
-        else:
-            first[key] = num
+        repeats.update({num: first[key]} if key in first else {})
+        first.setdefault(key, num)
     return repeats
 
 
 def ssgd_first(argv: Sequence[str]) -> list[str]:
-    """``argv`` with a sweep over ``strategy`` moved first and ``ssgd`` first in it, so a sweep
+    """``argv`` with a sweep ``strategy=a,b,ssgd`` moved first and ``ssgd`` first in it, so a sweep
     runs its S-SGD jobs before the others and each other run's speedup is known when it ends."""
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep
     from hydra.errors import HydraException
 
-    argv = list(argv)
-    args = get_args_parser().parse_args(argv)
-    if not args.multirun or not args.overrides:
-        return argv
+    argv, args = list(argv), parse_args(argv)
     try:
-        parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+        parsed = OverridesParser.create().parse_overrides(args.overrides) if args.multirun else []
     except HydraException:
         return argv  # preflight says what is wrong with it
     for override in parsed:
         value = override.value() if override.key_or_group == "strategy" and override.package is None else None
-        simple = isinstance(value, ChoiceSweep) and value.simple_form and override.input_line in argv
-        if simple and "ssgd" in value.list:
-            choices = ["ssgd", *(c for c in value.list if c != "ssgd")]
+        if isinstance(value, ChoiceSweep) and value.simple_form and "ssgd" in value.list:
             first = argv.index(args.overrides[0])
             argv.remove(override.input_line)
-            argv.insert(first, "strategy=" + ",".join(map(str, choices)))
+            argv.insert(first, "strategy=" + ",".join(["ssgd", *(str(c) for c in value.list if c != "ssgd")]))
             break
     return argv
 

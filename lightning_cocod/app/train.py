@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import PERIODIC, ConfigError, check_values, first_line, method_of
+from lightning_cocod.app.checks import ConfigError, first_line, method_of
 from lightning_cocod.app.claim import claim, claim_command, is_rank_zero
 from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
@@ -34,12 +34,11 @@ from lightning_cocod.app.preflight import check_run_folder, config_dir, duplicat
 from lightning_cocod.app.record import read_start, write_start
 from lightning_cocod.app.speedup import describe
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
+from lightning_cocod.methods import PERIODIC
 
 log = logging.getLogger("cocod-train")
 WORKER_TARGET = "lightning_cocod.app.train:worker_main"
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program ended by Ctrl-C
-# Job number -> the earlier job of the sweep it would repeat (set by main before Hydra runs).
-_REPEATS: dict[int, int] = {}
 
 
 def _run_id(job_dir: Path, multirun: bool) -> str:
@@ -47,22 +46,22 @@ def _run_id(job_dir: Path, multirun: bool) -> str:
     return (job_dir.parent if multirun else job_dir).name
 
 
-def run(cfg: DictConfig) -> float | None:
-    """One Hydra job; returns the test accuracy (rank 0 of a torchrun/SLURM job, or the launcher)."""
+def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
+    """One Hydra job; returns the test accuracy (rank 0 of a torchrun/SLURM job, or the launcher).
+    ``repeats``: job number -> the earlier job of the sweep it would repeat (``duplicate_jobs``)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    check_values(cfg)
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if multirun and hydra_cfg.job.num in _REPEATS:
+    if multirun and hydra_cfg.job.num in repeats:
         method = method_of(cfg.strategy)
         log.info(
             "job %d (%s) skipped: it is job %d again (%s)",
             hydra_cfg.job.num,
             " ".join(hydra_cfg.overrides.task),
-            _REPEATS[hydra_cfg.job.num],
+            repeats[hydra_cfg.job.num],
             "the same config"
             if method in PERIODIC
             else f"{method} has no period: tau changes nothing for it",
@@ -88,7 +87,7 @@ def run(cfg: DictConfig) -> float | None:
         log.info("%s: finished already (%s); checkpoint.resume=auto leaves it as it is", record.get("name"), job_dir)
         return record.get("test_acc")
     try:
-        resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
+        resume = resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
         check_run_folder(cfg, job_dir)
     except ConfigError as err:
         raise SystemExit(f"cocod-train: error: {err}") from None
@@ -103,9 +102,12 @@ def run(cfg: DictConfig) -> float | None:
         workers,
         job_dir,
     )
+    if resume:
+        from lightning_cocod.strategies.checkpointing import saved_step
+
+        log.info("%s: resumed from %s at step %s", identity["name"], resume, saved_step(resume))
     config = redact(to_plain(cfg))
     config["run_id"] = config["launcher"]["run_id"] = identity["run_id"]
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     try:
         if cfg.launcher.name in ("cpu", "gpu"):
             write_start(job_dir, config, identity)
@@ -113,8 +115,7 @@ def run(cfg: DictConfig) -> float | None:
         else:
             from lightning_cocod.app.fit import fit_run
 
-            # torchrun sets RANK, srun SLURM_PROCID: one writer for the files every rank would write.
-            if rank == 0:
+            if is_rank_zero():  # one writer for the files every rank would write
                 write_start(job_dir, config, identity)
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
@@ -122,7 +123,7 @@ def run(cfg: DictConfig) -> float | None:
             # Ctrl-C stopped the workers as a preemption does (they checkpointed), but it was asked
             # for at this terminal: the shell's code for it, not the scheduler's requeue code.
             interrupted = getattr(err, "interrupted", False)
-            if rank == 0:
+            if is_rank_zero():
                 line = _preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted)
                 print(line, flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
@@ -164,15 +165,11 @@ def final_line(record: dict[str, Any]) -> str:
 
 def _is_preemption(err: BaseException) -> bool:
     """A run stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's ``Preempted`` in this
-    very process (torchrun/SLURM), or ranks that exited with its code under the cpu/gpu launchers
-    (``WorkersPreempted``; or a ``WorkerFailed`` with its code, from a launcher without it)."""
-    import lightning_cocod
-    from lightning_cocod import launch
+    very process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers)."""
+    from lightning_cocod import Preempted
+    from lightning_cocod.launch import WorkersPreempted
 
-    kinds = (getattr(launch, "WorkersPreempted", None), getattr(lightning_cocod, "Preempted", None))
-    if isinstance(err, tuple(k for k in kinds if isinstance(k, type))):
-        return True
-    return isinstance(err, launch.WorkerFailed) and err.returncode == PREEMPTED_EXIT_CODE
+    return isinstance(err, (Preempted, WorkersPreempted))
 
 
 def _worker_failure(err: BaseException) -> str | None:
@@ -286,6 +283,9 @@ def worker_main(job_dir: str) -> dict[str, Any]:
     from lightning_cocod.app.fit import fit_run
 
     job = Path(job_dir)
+    # Workers start with `python -P` (the package never shadowed by the user's folder); a model or
+    # datamodule of the user's own, in that folder, is found after the package.
+    sys.path.append(os.getcwd())
     cfg, identity = read_start(job)
     assert isinstance(cfg, DictConfig)
     return fit_run(cfg, job, identity)
@@ -316,6 +316,7 @@ def _threads_before_torch(cfg: DictConfig) -> None:
 def main() -> None:
     import hydra
 
+    sys.path.append(os.getcwd())  # the user's own modules (model._target_=mymod.MyModule), after the package
     argv = reordered = ssgd_first(sys.argv[1:])
     try:
         configs = preflight(argv)
@@ -327,15 +328,19 @@ def main() -> None:
     except ConfigError as err:
         print(f"cocod-train: error: {err}", file=sys.stderr)
         sys.exit(2)
-    _REPEATS.update(duplicate_jobs(configs))
+    repeats = duplicate_jobs(configs)
     if reordered != sys.argv[1:]:
         print(
             "cocod-train: S-SGD runs first, so each other run's speedup is known when it ends",
             file=sys.stderr,
         )
     sys.argv[1:] = argv
+
+    def job(cfg: DictConfig) -> float | None:
+        return run(cfg, repeats)
+
     try:
-        hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(run)()
+        hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(job)()
     except KeyboardInterrupt:
         # Outside a run's workers (those say how they stopped and how to resume): nothing to resume.
         print("cocod-train: interrupted (Ctrl-C)", file=sys.stderr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import pytorch_lightning as pl
@@ -47,7 +47,7 @@ def _require(ok: bool, name: str, value: object, accepted: str) -> None:
 
 
 class ClassifierModule(pl.LightningModule):
-    """Cross-entropy classifier trained with SGD.
+    """Cross-entropy classifier trained with SGD, or the optimizer that ``optimizer`` builds.
 
     ``net`` is an ``nn.Module`` (what Hydra instantiates) or a name for
     :func:`lightning_cocod.models.build_model`, in which case ``num_classes`` is required.
@@ -60,6 +60,10 @@ class ClassifierModule(pl.LightningModule):
     With ``Trainer(precision="bf16-mixed")`` it is the usual pair of GPU speed options.
     A training step reads nothing back from the device (the accuracy is accumulated there and
     computed at the end of the epoch), so the host can run ahead of a GPU.
+
+    ``optimizer`` builds the optimizer from the parameter groups and ``lr`` (scaled and scheduled
+    as for SGD), e.g. ``partial(torch.optim.AdamW, betas=(0.9, 0.999))``: a config node with
+    ``_partial_: true``. None: SGD with ``momentum`` and ``nesterov``, which are SGD's alone.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class ClassifierModule(pl.LightningModule):
         base_batch_size: int = 128,
         global_batch_size: int | None = None,
         channels_last: bool = False,
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
     ) -> None:
         super().__init__()
         _require(lr > 0, "lr", lr, "a positive float")
@@ -107,7 +112,8 @@ class ClassifierModule(pl.LightningModule):
         )
         _require(isinstance(channels_last, bool), "channels_last", channels_last, "True or False")
         # A module cannot go into hparams (checkpoints, loggers); a model name can.
-        self.save_hyperparameters(ignore=["net"] if isinstance(net, nn.Module) else None)
+        self.save_hyperparameters(ignore=["net", "optimizer"] if isinstance(net, nn.Module) else ["optimizer"])
+        self.build_optimizer = optimizer or partial(SGD, momentum=momentum, nesterov=nesterov)
         if isinstance(net, str):
             _require(num_classes is not None, "num_classes", num_classes, "an int when net is a model name")
             from lightning_cocod.models import build_model  # the package imports this module
@@ -197,7 +203,7 @@ class ClassifierModule(pl.LightningModule):
         hp = self.hparams
         lr = hp.lr * (self.resolve_global_batch_size() / hp.base_batch_size if hp.scale_lr else 1.0)
         groups = param_groups(self.net, hp.weight_decay, hp.no_decay_bn_bias)
-        optimizer = SGD(groups, lr=lr, momentum=hp.momentum, nesterov=hp.nesterov)
+        optimizer = self.build_optimizer(groups, lr=lr)
         steps_per_epoch, total_steps = self._steps()
         factor = partial(
             lr_factor,
