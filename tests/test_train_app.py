@@ -136,6 +136,8 @@ def test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(re.findall(r": finished already \(", again.stdout + again.stderr)) == 3
     assert {job: (job / "run.json").read_bytes() for job in records} == before
+    if not shaped:  # said, not passed over in silence: half of what this test is for did not run
+        pytest.skip("the second link (100mbit) needs root with ip and tc; only the unshaped half ran")
 
 
 def _pid_of_rank(rank: int, job_dir: Path) -> int:
@@ -298,8 +300,12 @@ def test_the_api_key_never_reaches_a_logged_config():
 
 def test_git_commit_is_unknown_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == ("unknown", False)
-    commit, _ = git_commit(Path(__file__).parents[1])
-    assert commit == "unknown" or len(commit) == 40
+    # This repository: its HEAD as git itself says, when the tests run from a checkout (CI's clone).
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True)
+    lines = head.stdout.split()
+    in_checkout = head.returncode == 0 and Path(lines[0]).resolve() == root
+    assert git_commit(root)[0] == (lines[1] if in_checkout else "unknown")
 
 
 def test_an_install_inside_someone_elses_repository_names_no_commit(tmp_path):
