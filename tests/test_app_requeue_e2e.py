@@ -18,7 +18,7 @@ STEPS_PER_EPOCH = 64  # 4096 samples, 32 per rank x 2 ranks
 @pytest.mark.distributed
 @pytest.mark.timeout(420)
 def test_sigterm_to_the_app_then_requeues_with_resume_auto_finish_the_job_once(tmp_path):
-    common = ["experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=q1"]
+    common = ["experiment=smoke", "data=synthetic", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=q1"]
     common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "step_time_warmup=1"]
     folder = tmp_path / "out" / "smoke" / "q1"
     code, console, errors = _signal_rank_one(
