@@ -169,9 +169,8 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
     )
     try:
         progress = folder / "workers" / "progress.txt"
-        deadline = time.monotonic() + 240
         while not (progress.exists() and re.search(progress_seen, progress.read_text())):
-            assert app.poll() is None and time.monotonic() < deadline, "the run ended or never got going"
+            assert app.poll() is None, "the run ended before it got going"  # (a hang: the test's timeout)
             time.sleep(0.2)
         os.kill(app.pid if app_itself else _pid_of_rank(1, folder), sig)
         out, err = app.communicate(timeout=120)

@@ -42,27 +42,22 @@ def signal_once_started(
     marker_dir: Path,
     ranks: int,
     sig: int,
-    start_s: float,
-    stop_s: float,
     while_running: Callable[[], None] = lambda: None,
-) -> tuple[int | None, float]:
+) -> int | None:
     """Runs ``target(*args)`` in a forked launcher (no second import of Lightning); once
     ``ranks`` workers have left their ``started.*`` file in ``marker_dir``, calls
-    ``while_running`` and sends ``sig`` to the launcher. Returns its exit code and the seconds
-    from the signal to its end; a launcher still running after ``stop_s`` is killed (-9)."""
+    ``while_running`` and sends ``sig`` to the launcher. Returns its exit code. It waits for
+    events, however long they take: the calling test's own timeout is the guard against a hang."""
     launcher = multiprocessing.get_context("fork").Process(target=target, args=args)
     launcher.start()
     try:
-        deadline = time.monotonic() + start_s
         while len(list(marker_dir.glob("started.*"))) < ranks:
-            assert time.monotonic() < deadline and launcher.is_alive(), "workers never started"
+            assert launcher.is_alive(), "the launcher ended before its workers started"
             time.sleep(0.05)
         while_running()
         os.kill(launcher.pid, sig)
-        signalled = time.monotonic()
-        launcher.join(timeout=stop_s)
-        stopping_s = time.monotonic() - signalled
+        launcher.join()
     finally:
         launcher.kill()
         launcher.join()
-    return launcher.exitcode, stopping_s
+    return launcher.exitcode
