@@ -3,6 +3,7 @@ process each (the rendezvous cases run in a subprocess of their own)."""
 
 import logging
 import os
+import random
 import re
 import socket
 import subprocess
@@ -108,7 +109,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, h
     assert str(path) in message and "\n" not in message
 
 
-@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", os.urandom(4096)])
+@pytest.mark.parametrize(
+    "content", [b"", b"not a checkpoint at all", random.Random(0).randbytes(4096)], ids=["empty", "text", "noise"]
+)
 def test_a_file_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, content):
     path = tmp_path / "foreign.ckpt"
     path.write_bytes(content)
