@@ -198,10 +198,13 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     assert saved >= 3  # how far past step 3 depends on the machine's speed, not on the code
     epochs = saved // 64 + 1  # up to the end of the epoch it stopped in
 
-    # The printed command, run to the end of that epoch instead of 50.
+    # The printed command, run to the end of that epoch instead of 50, as a requeued job runs it
+    # (checkpoint.resume=auto: the unfinished run goes on from its checkpoint; resume=last is
+    # what the worker killed below resumes with).
     command = shlex.split(line.partition("resume with: ")[2])
     assert command[-2:] == ["run_id=r1", "checkpoint.resume=last"] and "max_epochs=50" in command
-    resumed = run_app(tmp_path, *[a for a in command[1:] if not a.startswith("max_epochs=")], f"max_epochs={epochs}")
+    overrides = [a for a in command[1:-1] if not a.startswith("max_epochs=")]
+    resumed = run_app(tmp_path, *overrides, f"max_epochs={epochs}", "checkpoint.resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"cocod-tau4-w2-s0: resumed from {last} at step {saved}" in resumed.stdout + resumed.stderr
     record = json.loads((folder / "run.json").read_text())
@@ -217,6 +220,10 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "cocod-train: error: trainer.max_epochs='abc' is invalid; accepted: an integer or null"
     ]
+    assert {name: (folder / name).read_bytes() for name in finished} == finished
+    # Requeued as a scheduler would (resume=auto), the finished run is left as it is.
+    again = run_app(tmp_path, *common, f"max_epochs={epochs}", "checkpoint.resume=auto")
+    assert again.returncode == 0 and "finished already" in again.stdout + again.stderr, again.stderr[-3000:]
     assert {name: (folder / name).read_bytes() for name in finished} == finished
     # Our checkpoints are asked for whole: Lightning has nothing to log about them at every save.
     assert "weights_only" not in (folder / "workers" / "rank1.stderr").read_text()
