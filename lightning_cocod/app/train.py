@@ -119,7 +119,13 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
                 write_start(job_dir, config, identity)
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
-        if _is_preemption(err):
+        from lightning_cocod import Preempted
+        from lightning_cocod.launch import WorkersPreempted
+        from lightning_cocod.launch.netns import Terminated
+
+        # Stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's Preempted in this very
+        # process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers).
+        if isinstance(err, (Preempted, WorkersPreempted)):
             # Ctrl-C stopped the workers as a preemption does (they checkpointed), but it was asked
             # for at this terminal: the shell's code for it, not the scheduler's requeue code.
             interrupted = getattr(err, "interrupted", False)
@@ -127,7 +133,7 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
                 line = _preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted)
                 print(line, flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
-        if _is_stop_signal(err):
+        if isinstance(err, Terminated):
             # The workers did not stop together (one had not started its fit, or died of the
             # signal): without this line the app would end with the signal's code and no word.
             line = _stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun)
@@ -163,15 +169,6 @@ def final_line(record: dict[str, Any]) -> str:
     )
 
 
-def _is_preemption(err: BaseException) -> bool:
-    """A run stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's ``Preempted`` in this
-    very process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers)."""
-    from lightning_cocod import Preempted
-    from lightning_cocod.launch import WorkersPreempted
-
-    return isinstance(err, (Preempted, WorkersPreempted))
-
-
 def _worker_failure(err: BaseException) -> str | None:
     """One line for a run that lost a worker or diverged, or None for an error of our own code,
     whose traceback is the useful report. A rank that raised is named with its exception's line."""
@@ -194,12 +191,6 @@ def _worker_failure(err: BaseException) -> str | None:
         ConfigMismatch,
     )
     return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
-
-
-def _is_stop_signal(err: BaseException) -> bool:
-    from lightning_cocod.launch.netns import Terminated
-
-    return isinstance(err, Terminated)
 
 
 def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, multirun: bool) -> str:
