@@ -31,7 +31,7 @@ def _skipped(path: Path, why: str) -> None:
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
     """Mean step time over whole rounds after ``warmup`` steps; a short run gives up the warm-up
     (and then whole rounds) rather than report nothing. None with fewer than two steps."""
-    from lightning_cocod.callbacks import steady_step_seconds as over_whole_periods
+    from lightning_cocod.figures import steady_step_seconds as over_whole_periods
 
     n = len(step_ends)
     for w, p in ((warmup, period), (max(1, min(warmup, n - period)), period), (1, 1)):

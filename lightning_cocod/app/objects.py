@@ -83,9 +83,9 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
             raise bad("launcher.rate", cfg.launcher.rate, "null or a tc rate: '300mbit', '1gbit'") from None
     from lightning_cocod.app.fit import checkpoint_callbacks, hetero_callbacks
 
-    built = {section: _build(section, lambda: instantiate(cfg[section])) for section in ("strategy", "data")}
-    _build("checkpoint", lambda: checkpoint_callbacks(cfg, Path(cfg.out_root), None))
-    _build("hetero", lambda: hetero_callbacks(cfg))
+    built = {section: _build(section, instantiate, cfg[section]) for section in ("strategy", "data")}
+    _build("checkpoint", checkpoint_callbacks, cfg, Path(cfg.out_root), None)
+    _build("hetero", hetero_callbacks, cfg)
     _check_batch_fits(cfg, built["data"])
     _check_eval_fits(cfg, built["data"])
     strategy = type(built["strategy"]).__name__
@@ -97,14 +97,14 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    _build("model", lambda: instantiate(cfg.model, **stand_in))
+    _build("model", instantiate, cfg.model, **stand_in)
     _check_cifar_files(cfg)
     _check_gpus(cfg)
 
 
-def _build(key: str, build: Callable[[], Any]) -> Any:
+def _build(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        return build()
+        return build(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - the constructor's own check, said in one line
         raise ConfigError(f"{key}: {first_line(err.__cause__ or err)}") from None
 

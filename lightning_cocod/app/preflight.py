@@ -15,10 +15,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, check_values, first_line, method_of
 from lightning_cocod.app.files import check_out_root, resume_checkpoint
+from lightning_cocod.app.loggers import to_plain
 from lightning_cocod.app.objects import check_objects
 from lightning_cocod.app.schema import refused  # registers the schema that train.yaml names
 from lightning_cocod.methods import PERIODIC
@@ -172,8 +173,7 @@ def duplicate_jobs(configs: Sequence[DictConfig]) -> dict[int, int]:
     first: dict[str, int] = {}
     repeats = {}
     for num, cfg in enumerate(configs):
-        plain = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(plain, dict)
+        plain = to_plain(cfg)
         plain.pop("run_id", None)
         plain["launcher"].pop("run_id", None)  # a clock: two jobs may straddle a second
         if method_of(cfg.strategy) not in PERIODIC:

@@ -12,7 +12,7 @@ configure (the strategies, data modules, callbacks) and by ``checks``; the nodes
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -24,15 +24,15 @@ class Checkpoint:
     every_n_epochs: int = MISSING
     every_n_steps: int = MISSING
     every_n_minutes: float = MISSING
-    resume: Optional[str] = MISSING
+    resume: str | None = MISSING
 
 
 @dataclass
 class Hetero:
     proportional: bool = MISSING
-    batch_sizes: Optional[List[int]] = MISSING
+    batch_sizes: list[int] | None = MISSING
     every_n_epochs: int = MISSING
-    slowdown: Optional[List[float]] = MISSING
+    slowdown: list[float] | None = MISSING
 
 
 @dataclass
@@ -43,8 +43,8 @@ class Launcher:
     accelerator: str = MISSING
     devices: int = MISSING
     num_nodes: int = MISSING
-    backend: Optional[str] = MISSING
-    threads_per_worker: Optional[int] = MISSING
+    backend: str | None = MISSING
+    threads_per_worker: int | None = MISSING
     run_id: str = MISSING
 
 
@@ -57,23 +57,23 @@ class LocalLauncher(Launcher):
 
 @dataclass
 class CpuLauncher(LocalLauncher):
-    rate: Optional[str] = MISSING
+    rate: str | None = MISSING
 
 
 @dataclass
 class Trainer:
-    max_epochs: Optional[int] = MISSING
+    max_epochs: int | None = MISSING
     max_steps: int = MISSING
     # Lightning takes 16 or "bf16-mixed", True or "warn": OmegaConf types no such union, so these
     # two are checked against the Trainer's own annotations (``few_values_refused``).
     precision: Any = MISSING
     log_every_n_steps: int = MISSING
-    check_val_every_n_epoch: Optional[int] = MISSING
+    check_val_every_n_epoch: int | None = MISSING
     num_sanity_val_steps: int = MISSING
     enable_progress_bar: bool = MISSING
     enable_model_summary: bool = MISSING
     deterministic: Any = MISSING
-    benchmark: Optional[bool] = MISSING
+    benchmark: bool | None = MISSING
 
 
 @dataclass
@@ -84,9 +84,9 @@ class Train:
     out_root: str = MISSING
     seed: int = MISSING
     tau: Any = MISSING  # a positive integer or "auto"
-    max_epochs: Optional[int] = MISSING
+    max_epochs: int | None = MISSING
     max_steps: int = MISSING
-    target_accuracy: Optional[float] = MISSING
+    target_accuracy: float | None = MISSING
     step_time_warmup: int = MISSING
     progress_every_s: float = MISSING
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
@@ -113,9 +113,9 @@ _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 
 def _words(annotation: Any) -> str:
     args = [a for a in get_args(annotation) if a is not type(None)]
-    if get_origin(annotation) is Union and len(args) == 1:
+    if get_origin(annotation) in (Union, types.UnionType) and len(args) == 1:
         return _words(args[0]) + " or null"
-    if get_origin(annotation) in (list, List):
+    if get_origin(annotation) is list:
         return "a list of " + {int: "integers", float: "numbers"}.get(args[0] if args else None, "values")
     return _WORDS.get(annotation, str(annotation))
 

@@ -71,22 +71,20 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
         if is_rank_zero():
             continuing = cfg.checkpoint.resume in ("last", "auto")
             claim(job_dir, continuing, "hydra.sweep.dir" if multirun else "run_id")
-    except ConfigError as err:
-        raise SystemExit(f"cocod-train: error: {err}") from None
-    finished = job_dir / "run.json"
-    if cfg.checkpoint.resume == "auto" and finished.is_file():
-        # A requeued sweep runs every job again: those that ended keep their records as they are.
-        try:
-            record = json.loads(finished.read_text())
-        except ValueError as err:
-            raise SystemExit(
-                f"cocod-train: error: {finished} is not a run record ({first_line(err)}), so "
-                "checkpoint.resume=auto cannot tell whether that run finished; move it aside to continue the "
-                "run from its newest checkpoint"
-            ) from None
-        log.info("%s: finished already (%s); checkpoint.resume=auto leaves it as it is", record.get("name"), job_dir)
-        return record.get("test_acc")
-    try:
+        finished = job_dir / "run.json"
+        if cfg.checkpoint.resume == "auto" and finished.is_file():
+            # A requeued sweep runs every job again: those that ended keep their records as they are.
+            try:
+                record = json.loads(finished.read_text())
+            except ValueError as err:
+                raise ConfigError(
+                    f"{finished} is not a run record ({first_line(err)}), so checkpoint.resume=auto "
+                    "cannot tell whether that run finished; move it aside to continue the run from its "
+                    "newest checkpoint"
+                ) from None
+            what = "%s: finished already (%s); checkpoint.resume=auto leaves it as it is"
+            log.info(what, record.get("name"), job_dir)
+            return record.get("test_acc")
         resume = resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
         check_run_folder(cfg, job_dir)
     except ConfigError as err:
@@ -239,11 +237,11 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
     from lightning_cocod.app.condition import NETNS_ENV, net_namespace
-    from lightning_cocod.app.fit import progress_path
+    from lightning_cocod.app.fit import progress_path, threads_per_rank
     from lightning_cocod.launch.progress import ProgressRelay
     from lightning_cocod.launch import launch_workers
 
-    threads = cfg.launcher.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_rank(cfg.launcher, {})  # the cores shared by the workers, whatever this shell says
     rate = cfg.launcher.get("rate")
     if rate and os.geteuid() == 0:  # without root the launcher warns that it runs unshaped
         log.info("workers talk over a loopback shaped to %s", rate)
