@@ -178,14 +178,17 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["trainer.foo=1"], "unknown key 'trainer.foo'; trainer accepts: benchmark"),
         (["+trainer.foo=1"], "unknown key 'trainer.foo'; Trainer accepts: accumulate_grad_batches"),
         (["+model.net.depth=3"], "unknown key 'model.net.depth'; ResNet18 accepts: in_channels, num_classes"),
-        (["strategy.tau=0"], "strategy.tau=0 is invalid; accepted: a positive integer"),
+        (
+            ["strategy.tau=0"],
+            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0",
+        ),
         (
             ["tau=0"],
             "tau=0 is invalid; accepted: a positive integer (optimizer steps per round of cocod and local_sgd",
         ),
         (
             ["strategy=local_sgd", "tau=auto"],
-            "tau='auto' is invalid; accepted: a positive integer (optimizer steps per round) with strategy local_sgd",
+            "strategy: LocalSGDStrategy: tau must be a positive integer (optimizer steps per round), got 'auto'",
         ),
         (["strategy=ssgd", "tau=-1"], "tau=-1 is invalid"),  # ignored by S-SGD, still checked
         (
@@ -228,7 +231,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["max_epochs=null"], "max_epochs=None is invalid"),
         (
             ["strategy.tau=often"],
-            "strategy.tau='often' is invalid; accepted: a positive integer (optimizer steps per round), or 'auto'",
+            "strategy: CoCoDStrategy: tau must be a positive integer or 'auto', got 'often'",
         ),
         (
             ["hetero.slowdown=[1,0.5]"],
@@ -265,7 +268,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["-m", "strategy=cocod", "strategy.tau=1,0"],
-            "strategy.tau=0 is invalid; accepted: a positive integer",
+            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0 [job: ",
         ),
     ],
 )
@@ -377,7 +380,7 @@ def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
-    cases = {"trainer.foo=1": "unknown key 'trainer.foo'", "strategy.tau=0": "strategy.tau=0 is invalid"}
+    cases = {"trainer.foo=1": "unknown key 'trainer.foo'", "strategy.tau=0": "CoCoDStrategy: tau must be a positive"}
     # Both at once: each pays the package import (Lightning) before it can check anything.
     procs = {
         override: subprocess.Popen(

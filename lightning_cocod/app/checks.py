@@ -90,7 +90,13 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.data.get("eval_batch_size") is not None:
         _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
     method = method_of(cfg.strategy)
-    _check_tau(cfg, method)
+    if cfg.tau != "auto":  # the strategy checks the tau it gets; this one is checked for S-SGD too
+        _positive_int(
+            "tau",
+            cfg.tau,
+            "a positive integer (optimizer steps per round of cocod and local_sgd; the other "
+            "methods ignore it), or 'auto' (cocod)",
+        )
     timeout = cfg.strategy.get("timeout")
     # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
     # the process (SIGABRT) instead of raising: a failure that names nothing.
@@ -102,27 +108,6 @@ def check_values(cfg: DictConfig) -> None:
     _check_launcher(cfg)
     for key in sorted(APP_TRAINER_KEYS.keys() & set(cfg.trainer)):
         raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
-
-
-def _check_tau(cfg: DictConfig, method: str) -> None:
-    if cfg.tau != "auto":
-        _positive_int(
-            "tau",
-            cfg.tau,
-            "a positive integer (optimizer steps per round of cocod and local_sgd; the other "
-            "methods ignore it), or 'auto' (cocod)",
-        )
-    if method not in PERIODIC:
-        return
-    # Name the key the user wrote: the strategy's tau is ${tau} unless strategy.tau was set.
-    key = "tau" if OmegaConf.is_interpolation(cfg.strategy, "tau") else "strategy.tau"
-    tau = cfg.strategy.get("tau")
-    if method == "cocod" and tau == "auto":
-        return  # CoCoDStrategy checks tau_min/tau_max itself when it is built
-    accepted = "a positive integer (optimizer steps per round)" + (
-        ", or 'auto'" if method == "cocod" else f" with strategy {method} ('auto' is for cocod)"
-    )
-    _positive_int(key, tau, accepted)
 
 
 def _check_hetero(cfg: DictConfig, method: str) -> None:
