@@ -37,7 +37,7 @@ class Hetero:
 
 @dataclass
 class Launcher:
-    """What every launcher says; torchrun and slurm find the ranks started."""
+    """Every launcher's keys: torchrun and slurm find the ranks started, so they take no more."""
 
     name: str = MISSING
     accelerator: str = MISSING
@@ -50,13 +50,15 @@ class Launcher:
 
 @dataclass
 class LocalLauncher(Launcher):
-    """launcher=gpu: this command starts the ranks, and ends them after ``timeout_s``."""
+    """launcher=gpu (and cpu): this command starts the ranks, so it ends them after ``timeout_s``."""
 
     timeout_s: float = MISSING
 
 
 @dataclass
 class CpuLauncher(LocalLauncher):
+    """CPU workers talk gloo over the loopback, which ``rate`` can shape (GPUs on one node talk NCCL)."""
+
     rate: str | None = MISSING
 
 
@@ -83,7 +85,7 @@ class Train:
     run_id: str = MISSING
     out_root: str = MISSING
     seed: int = MISSING
-    tau: Any = MISSING  # a positive integer or "auto"
+    tau: Any = MISSING  # a positive integer or "auto": OmegaConf types no union of int and str
     max_epochs: int | None = MISSING
     max_steps: int = MISSING
     target_accuracy: float | None = MISSING
