@@ -1,18 +1,15 @@
-"""Small pieces of the app: data module checks, annotation checks, the run condition, the console
+"""Small pieces of the app: data module checks, the run condition, the console
 lines, the README's first example and the suite's temp folder."""
 
 import os
 import subprocess
 import sys
 import textwrap
-import typing
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import pytorch_lightning as pl
 
-from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.condition import condition, condition_id
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
 from lightning_cocod.app.train import _preempted_line, _stopped_line, _worker_failure, final_line
@@ -59,21 +56,6 @@ def test_datamodules_refuse_bad_arguments_in_one_line(build, message):
     with pytest.raises(ValueError) as info:
         build()
     assert message in str(info.value) and "\n" not in str(info.value)
-
-
-def test_annotations_accept_what_lightning_would_and_say_what_that_is():
-    hints = typing.get_type_hints(pl.Trainer.__init__)
-    assert accepts(hints["precision"], "bf16-mixed") and accepts(hints["precision"], 32)
-    assert not accepts(hints["precision"], "banana") and not accepts(hints["precision"], True)
-    assert accepts(hints["max_epochs"], None) and not accepts(hints["max_epochs"], 1.5)
-    assert accepts(hints["limit_val_batches"], 0.25) and accepts(hints["limit_val_batches"], 3)
-    assert accepts(hints["devices"], [0, 1]) and not accepts(hints["devices"], [0, "x"])
-    assert accepts(hints["profiler"], {"_target_": "pytorch_lightning.profilers.SimpleProfiler"})
-    assert not accepts(hints["profiler"], {"dirpath": "x"})  # a mapping that builds nothing
-    assert describe(hints["max_epochs"]) == "an integer or null"
-    assert describe(hints["deterministic"]) == "true or false, 'warn' or null"
-    assert describe(hints["limit_val_batches"]) == "a number or null"
-    assert describe(typing.Literal["a", "b"]) == "one of 'a', 'b'"
 
 
 BASE = {

@@ -178,14 +178,17 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["trainer.foo=1"], "unknown key 'trainer.foo'; trainer accepts: benchmark"),
         (["+trainer.foo=1"], "unknown key 'trainer.foo'; Trainer accepts: accumulate_grad_batches"),
         (["+model.net.depth=3"], "unknown key 'model.net.depth'; ResNet18 accepts: in_channels, num_classes"),
-        (["strategy.tau=0"], "strategy.tau=0 is invalid; accepted: a positive integer"),
+        (
+            ["strategy.tau=0"],
+            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0",
+        ),
         (
             ["tau=0"],
             "tau=0 is invalid; accepted: a positive integer (optimizer steps per round of cocod and local_sgd",
         ),
         (
             ["strategy=local_sgd", "tau=auto"],
-            "tau='auto' is invalid; accepted: a positive integer (optimizer steps per round) with strategy local_sgd",
+            "strategy: LocalSGDStrategy: tau must be a positive integer (optimizer steps per round), got 'auto'",
         ),
         (["strategy=ssgd", "tau=-1"], "tau=-1 is invalid"),  # ignored by S-SGD, still checked
         (
@@ -195,7 +198,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' is invalid; accepted: an integer or null"),
         (
             ["trainer.deterministic=maybe"],
-            "trainer.deterministic='maybe' is invalid; accepted: true or false, 'warn' or null",
+            "trainer.deterministic='maybe' is invalid; accepted: one of true, false, 'warn', null",
         ),
         (
             ["data=synthetic", "data.num_samples=0"],
@@ -212,13 +215,13 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["strategy=ssgd", "strategy.timeout=abc"], "strategy.timeout='abc' is invalid"),
         (
             ["checkpoint.every_n_steps=-1"],
-            "checkpoint.every_n_steps=-1 is invalid; accepted: an integer >= 0",
+            "checkpoint: PeriodicCheckpoint: every_n_steps=-1 is invalid; accepted: an integer >= 0",
         ),
         (
             ["checkpoint.every_n_minutes=-2"],
-            "checkpoint.every_n_minutes=-2 is invalid; accepted: a number >= 0",
+            "checkpoint: PeriodicCheckpoint: every_n_minutes=-2.0 is invalid; accepted: a number >= 0",
         ),
-        (["progress_every_s=-1"], "progress_every_s=-1 is invalid"),
+        (["progress_every_s=-1"], "progress_every_s=-1.0 is invalid"),
         (["data.batch_size=0"], "data.batch_size=0 is invalid"),
         (["model.lr=-1"], "model: ClassifierModule: lr=-1 is invalid; accepted: a positive float"),
         (["launcher=torchrun"], "run_id='none' is invalid"),
@@ -228,11 +231,11 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["max_epochs=null"], "max_epochs=None is invalid"),
         (
             ["strategy.tau=often"],
-            "strategy.tau='often' is invalid; accepted: a positive integer (optimizer steps per round), or 'auto'",
+            "strategy: CoCoDStrategy: tau must be a positive integer or 'auto', got 'often'",
         ),
         (
             ["hetero.slowdown=[1,0.5]"],
-            "hetero.slowdown=[1, 0.5] is invalid; accepted: null or 2 factors >= 1",
+            "hetero: slowdown factors must be numbers >= 1 (1 = full speed, 2 = twice as slow), got [1.0, 0.5]",
         ),
         (
             ["hetero.batch_sizes=[100,100]"],
@@ -245,7 +248,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["hetero.nope=1"], "unknown key 'hetero.nope'"),
         (
             ["checkpoint.every_n_epochs=-1"],
-            "checkpoint.every_n_epochs=-1 is invalid; accepted: an integer >= 0",
+            "checkpoint: PeriodicCheckpoint: every_n_epochs=-1 is invalid; accepted: an integer >= 0",
         ),
         (
             ["run_id=never-ran", "checkpoint.resume=last"],
@@ -265,7 +268,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["-m", "strategy=cocod", "strategy.tau=1,0"],
-            "strategy.tau=0 is invalid; accepted: a positive integer",
+            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0 [job: ",
         ),
     ],
 )
@@ -377,7 +380,7 @@ def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
-    cases = {"trainer.foo=1": "unknown key 'trainer.foo'", "strategy.tau=0": "strategy.tau=0 is invalid"}
+    cases = {"trainer.foo=1": "unknown key 'trainer.foo'", "strategy.tau=0": "CoCoDStrategy: tau must be a positive"}
     # Both at once: each pays the package import (Lightning) before it can check anything.
     procs = {
         override: subprocess.Popen(
@@ -441,3 +444,30 @@ def test_help_lists_the_groups_and_the_top_level_options(tmp_path):
         assert any(line.startswith(f"{key}=") and len(line.split()) > 2 for line in lines), key
     assert "strategy:\n" not in proc.stdout and "process_group_backend" not in proc.stdout  # not a dump
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "taken"),
+    [
+        ("trainer.precision=bf16-mixed", True),
+        ("trainer.precision=32", True),
+        ("trainer.precision=true", False),  # True == 1, but no precision Lightning knows
+        ("trainer.deterministic=warn", True),
+        ("trainer.max_epochs=null", True),
+        ("trainer.max_epochs=1.5", False),
+        ("max_epochs=abc", False),
+        ("+trainer.limit_val_batches=0.25", True),
+        ("+trainer.limit_val_batches=3", True),
+        ("hetero.slowdown=[1,x]", False),
+        ("launcher=torchrun", False),  # no rate: the torchrun launcher starts no link
+    ],
+)
+def test_the_schema_takes_what_lightning_would(override, taken, tmp_path):
+    argv = ["experiment=smoke", f"out_root={tmp_path}", override]
+    if override == "launcher=torchrun":
+        argv += ["run_id=r1", "launcher.rate=1gbit"]
+    if taken:
+        assert preflight(argv)
+    else:
+        with pytest.raises(ConfigError, match=r"is invalid; accepted: |unknown key 'launcher.rate'"):
+            preflight(argv)

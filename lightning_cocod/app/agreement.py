@@ -14,6 +14,8 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 
+from lightning_cocod.app.loggers import to_plain
+
 
 class ConfigMismatch(RuntimeError):
     """Ranks that disagree on what must agree; the message names the key and both values."""
@@ -25,13 +27,10 @@ _LOCAL = {"root", "timeout"}
 
 def must_agree(cfg: DictConfig) -> dict[str, Any]:
     """What every rank of one run must share, by the config key a user would correct."""
-    from omegaconf import OmegaConf
-
     values: dict[str, Any] = {"run_id": cfg.run_id, "seed": cfg.seed, "max_steps": cfg.max_steps}
     values["max_epochs"] = cfg.max_epochs
     for section in ("strategy", "data"):
-        plain = OmegaConf.to_container(cfg[section], resolve=True)
-        assert isinstance(plain, dict)
+        plain = to_plain(cfg[section])
         for key, value in sorted(plain.items()):
             if key not in _LOCAL:
                 scalar = isinstance(value, (int, float, str, bool, type(None)))

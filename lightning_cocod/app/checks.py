@@ -1,4 +1,5 @@
-"""Checks on a composed config that need nothing but OmegaConf: types, ranges, known names.
+"""Checks on a composed config that need nothing but OmegaConf: ranges, known names, keys that
+depend on each other (the types are the schema's, checked as Hydra composes).
 
 The second pass, which imports the ``_target_`` classes, is in ``objects``.
 """
@@ -37,16 +38,9 @@ def bad(key: str, value: Any, accepted: str) -> ConfigError:
     return ConfigError(f"{key}={value!r} is invalid; accepted: {accepted}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
-    if not _is_int(value) or value < 1:
+    # For the nodes the schema leaves untyped (a group's own keys): bool is an int to Python.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise bad(key, value, what)
 
 
@@ -60,125 +54,96 @@ def method_of(strategy: DictConfig) -> str:
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Everything that needs no import beyond OmegaConf: types, ranges, known names."""
+    """The ranges and the keys that depend on each other; the types are the schema's (``schema``)."""
+    from lightning_cocod.app.schema import refused
+
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
-        raise ConfigError(f"cannot resolve the config: {first_line(err)}") from None
+        raise ConfigError(refused(err) or f"cannot resolve the config: {first_line(err)}") from None
     for key in ("name", "group", "run_id"):
         # "." and ".." pass the pattern but name no folder of their own: out_root or its parent.
-        if not isinstance(cfg[key], str) or not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
+        if not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
             raise bad(
                 key,
                 cfg[key],
                 "a name of letters, digits and _ . = , + - other than . and .. (it names a folder under out_root)",
             )
-    if not _is_int(cfg.seed) or cfg.seed < 0:
+    if cfg.seed < 0:
         raise bad("seed", cfg.seed, "an integer >= 0")
-    if cfg.max_epochs is not None:
-        _positive_int("max_epochs", cfg.max_epochs, "null or a positive integer")
-    if not _is_int(cfg.max_steps) or (cfg.max_steps < 1 and cfg.max_steps != -1):
+    if cfg.max_epochs is not None and cfg.max_epochs < 1:
+        raise bad("max_epochs", cfg.max_epochs, "null or a positive integer")
+    if cfg.max_steps < 1 and cfg.max_steps != -1:
         raise bad("max_steps", cfg.max_steps, "-1 (no limit) or a positive integer")
     if cfg.max_epochs is None and cfg.max_steps == -1:
         raise bad("max_epochs", None, "a positive integer, or set max_steps: without, training never stops")
-    target = cfg.target_accuracy
-    if target is not None and (not _is_number(target) or not 0 < target <= 1):
-        raise bad("target_accuracy", target, "null or a fraction in (0, 1], e.g. 0.93")
-    _positive_int("step_time_warmup", cfg.step_time_warmup)
+    if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:
+        raise bad("target_accuracy", cfg.target_accuracy, "null or a fraction in (0, 1], e.g. 0.93")
+    if cfg.step_time_warmup < 1:
+        raise bad("step_time_warmup", cfg.step_time_warmup, "a positive integer")
+    if cfg.progress_every_s < 0:
+        raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     _positive_int("dataset.num_classes", cfg.dataset.num_classes)
     _positive_int("dataset.in_channels", cfg.dataset.in_channels)
     batch = cfg.data.get("batch_size")
     _positive_int("data.batch_size", batch, "a positive integer (samples per rank per step)")
     if cfg.data.get("eval_batch_size") is not None:
         _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
-    if not _is_number(cfg.progress_every_s) or cfg.progress_every_s < 0:
-        raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
-    _check_tau(cfg, method)
-    timeout = cfg.strategy.get("timeout")
-    # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
-    # the process (SIGABRT) instead of raising: a failure that names nothing.
-    if "timeout" in cfg.strategy and (not _is_number(timeout) or timeout < 1):
-        raise bad("strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)")
-    if cfg.strategy.get("start_method", "popen") != "popen":
-        raise bad("strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist already)")
-    _check_hetero(cfg, method)
-    _check_checkpoint(cfg.checkpoint)
-    _check_launcher(cfg)
-    for key in sorted(APP_TRAINER_KEYS.keys() & set(cfg.trainer)):
-        raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
-
-
-def _check_tau(cfg: DictConfig, method: str) -> None:
-    if cfg.tau != "auto":
+    if cfg.tau != "auto":  # the strategy checks the tau it gets; this one is checked for S-SGD too
         _positive_int(
             "tau",
             cfg.tau,
             "a positive integer (optimizer steps per round of cocod and local_sgd; the other "
             "methods ignore it), or 'auto' (cocod)",
         )
-    if method not in PERIODIC:
-        return
-    # Name the key the user wrote: the strategy's tau is ${tau} unless strategy.tau was set.
-    key = "tau" if OmegaConf.is_interpolation(cfg.strategy, "tau") else "strategy.tau"
-    tau = cfg.strategy.get("tau")
-    if method == "cocod" and tau == "auto":
-        return  # CoCoDStrategy checks tau_min/tau_max itself when it is built
-    accepted = "a positive integer (optimizer steps per round)" + (
-        ", or 'auto'" if method == "cocod" else f" with strategy {method} ('auto' is for cocod)"
-    )
-    _positive_int(key, tau, accepted)
+    timeout = cfg.strategy.get("timeout")
+    # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
+    # the process (SIGABRT) instead of raising: a failure that names nothing.
+    if "timeout" in cfg.strategy and (not isinstance(timeout, (int, float)) or timeout < 1):
+        raise bad("strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)")
+    if cfg.strategy.get("start_method", "popen") != "popen":
+        raise bad("strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist already)")
+    _check_hetero(cfg, method)
+    _check_launcher(cfg)
+    for key in sorted(APP_TRAINER_KEYS.keys() & set(cfg.trainer)):
+        raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
 
 
 def _check_hetero(cfg: DictConfig, method: str) -> None:
-    hetero = cfg.hetero
-    if not isinstance(hetero.proportional, bool):
-        raise bad("hetero.proportional", hetero.proportional, "true or false")
-    _positive_int("hetero.every_n_epochs", hetero.every_n_epochs)
-    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    # every_n_epochs is ProportionalSampling's to check, and the factors' range SimulatedSlowdown's
+    # (``objects`` builds both); the counts need the number of workers, known here.
+    hetero, workers = cfg.hetero, cfg.launcher.devices * cfg.launcher.num_nodes
     if hetero.batch_sizes is not None:
         sizes, total = list(hetero.batch_sizes), cfg.data.batch_size * workers
-        if len(sizes) != workers or not all(_is_int(b) and b >= 1 for b in sizes) or sum(sizes) != total:
+        if len(sizes) != workers or min(sizes) < 1 or sum(sizes) != total:
             accepted = f"{workers} positive integers summing to {total} (data.batch_size x workers)"
             raise bad("hetero.batch_sizes", sizes, accepted)
     if (hetero.proportional or hetero.batch_sizes is not None) and method not in PERIODIC:
         accepted = f"false with strategy {method} (it averages uniformly)"
         raise bad("hetero.proportional", hetero.proportional, accepted)
-    if hetero.slowdown is not None:
-        factors = list(hetero.slowdown)
-        if len(factors) != workers or not all(_is_number(f) and f >= 1 for f in factors):
-            accepted = f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
-            raise bad("hetero.slowdown", factors, accepted)
-
-
-def _check_checkpoint(checkpoint: DictConfig) -> None:
-    for key in ("every_n_epochs", "every_n_steps"):
-        if not _is_int(checkpoint[key]) or checkpoint[key] < 0:
-            raise bad(f"checkpoint.{key}", checkpoint[key], "an integer >= 0 (0: not on this schedule)")
-    if not _is_number(checkpoint.every_n_minutes) or checkpoint.every_n_minutes < 0:
-        accepted = "a number >= 0 (0: not on this schedule)"
-        raise bad("checkpoint.every_n_minutes", checkpoint.every_n_minutes, accepted)
-    resume = checkpoint.resume
-    if resume is not None and (not isinstance(resume, str) or not resume):
-        raise bad("checkpoint.resume", resume, "null, last, auto, or the path of a .ckpt file")
+    if hetero.slowdown is not None and len(hetero.slowdown) != workers:
+        accepted = f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
+        raise bad("hetero.slowdown", list(hetero.slowdown), accepted)
 
 
 def _check_launcher(cfg: DictConfig) -> None:
     launcher = cfg.launcher
-    name = launcher.get("name")
-    if name not in LAUNCHERS:  # a launcher config of one's own names one of these
-        raise bad("launcher.name", name, ", ".join(LAUNCHERS))
-    _positive_int("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
-    _positive_int("launcher.num_nodes", launcher.num_nodes)
-    if launcher.get("threads_per_worker") is not None:
-        _positive_int("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive int")
-    if name in ("cpu", "gpu"):
+    if launcher.name not in LAUNCHERS:  # a launcher config of one's own names one of these
+        raise bad("launcher.name", launcher.name, ", ".join(LAUNCHERS))
+    if launcher.devices < 1:
+        raise bad("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
+    if launcher.num_nodes < 1:
+        raise bad("launcher.num_nodes", launcher.num_nodes, "a positive integer")
+    if launcher.threads_per_worker is not None and launcher.threads_per_worker < 1:
+        raise bad("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive int")
+    if launcher.name in ("cpu", "gpu"):
         if launcher.num_nodes != 1:
-            accepted = f"1 with launcher={name}; use launcher=torchrun or slurm"
+            accepted = f"1 with launcher={launcher.name}; use launcher=torchrun or slurm"
             raise bad("launcher.num_nodes", launcher.num_nodes, accepted)
-        if not _is_number(launcher.timeout_s) or launcher.timeout_s <= 0:
+        if launcher.timeout_s <= 0:
             raise bad("launcher.timeout_s", launcher.timeout_s, "a positive number of seconds")
     elif cfg.run_id in ("none", ""):
-        supplier = "torchrun --rdzv-id" if name == "torchrun" else "SLURM_JOB_ID"
+        supplier = "torchrun --rdzv-id" if launcher.name == "torchrun" else "SLURM_JOB_ID"
         accepted = f"an id that every rank shares, for the output folders: run_id=... ({supplier} gives one)"
         raise bad("run_id", cfg.run_id, accepted)

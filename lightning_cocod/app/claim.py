@@ -90,13 +90,6 @@ def _taken(folder: Path, key: str, why: str) -> ConfigError:
     )
 
 
-def release(folder: Path) -> None:
-    """Lets another process continue ``folder`` before this one ends (a sweep's finished job)."""
-    fd = _HELD.pop(folder.resolve(), None)
-    if fd is not None:
-        os.close(fd)
-
-
 def is_rank_zero(env: dict[str, str] | os._Environ = os.environ) -> bool:
     """The process that claims for its run: the launching process of the cpu/gpu launchers, or
     global rank 0 under torchrun (RANK) or srun (SLURM_PROCID): one claim per run, not per rank."""

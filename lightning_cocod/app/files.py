@@ -70,7 +70,7 @@ def check_out_root(out_root: Any) -> None:
     """``out_root`` can be made and written: its nearest existing folder is probed."""
     from lightning_cocod._files import unwritable
 
-    if not isinstance(out_root, str) or not out_root:
+    if not out_root:  # a string: the schema's type
         raise bad("out_root", out_root, "the path of a folder for the runs' outputs")
     existing = Path(out_root).expanduser().absolute()
     while not existing.exists():

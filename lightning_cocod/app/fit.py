@@ -31,7 +31,7 @@ def _skipped(path: Path, why: str) -> None:
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
     """Mean step time over whole rounds after ``warmup`` steps; a short run gives up the warm-up
     (and then whole rounds) rather than report nothing. None with fewer than two steps."""
-    from lightning_cocod.callbacks import steady_step_seconds as over_whole_periods
+    from lightning_cocod.figures import steady_step_seconds as over_whole_periods
 
     n = len(step_ends)
     for w, p in ((warmup, period), (max(1, min(warmup, n - period)), period), (1, 1)):
@@ -58,7 +58,7 @@ def checkpoints_on(cfg: DictConfig) -> bool:
     return bool(ckpt.every_n_epochs or ckpt.every_n_steps or ckpt.every_n_minutes)
 
 
-def _checkpoint_callbacks(cfg: DictConfig, job_dir: Path, resume: str | None) -> list[Any]:
+def checkpoint_callbacks(cfg: DictConfig, job_dir: Path, resume: str | None) -> list[Any]:
     from lightning_cocod.callbacks import PeriodicCheckpoint
 
     if not checkpoints_on(cfg):
@@ -89,7 +89,7 @@ def progress_path(job_dir: Path) -> Path:
     return job_dir / "workers" / "progress.txt"
 
 
-def _hetero_callbacks(cfg: DictConfig) -> list[Any]:
+def hetero_callbacks(cfg: DictConfig) -> list[Any]:
     from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
 
     hetero, callbacks = cfg.hetero, []
@@ -146,8 +146,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         SameConfig(must_agree(cfg)),  # first: before any callback of the list talks to the other ranks
         timer,
         timeline,
-        *_hetero_callbacks(cfg),
-        *_checkpoint_callbacks(cfg, job_dir, resume),
+        *hetero_callbacks(cfg),
+        *checkpoint_callbacks(cfg, job_dir, resume),
         *_progress_callbacks(cfg, job_dir, identity["name"]),
     ]
     trainer = build_trainer(

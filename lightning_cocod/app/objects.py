@@ -1,20 +1,21 @@
 """The import-heavy checks: every ``_target_`` imports and accepts its keys, and the cheap objects
-(strategy, datamodule, the LightningModule around a stand-in network) are built once, so their
-own argument checks run before any process starts. Imports torch and Lightning (seconds)."""
+(strategy, datamodule, checkpoint and hetero callbacks, the LightningModule around a stand-in
+network) are built once, so their own argument checks run before any process starts. Imports torch
+and Lightning (seconds)."""
 
 from __future__ import annotations
 
 import inspect
 import math
-import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lightning_cocod.app.annotations import accepts, describe
 from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, bad, first_line
 from lightning_cocod.app.identity import world_size
+from lightning_cocod.app.schema import few_values_refused
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
@@ -41,17 +42,10 @@ def check_objects(cfg: DictConfig) -> None:
             raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
         _check_signature(path, target, node)
     _check_signature("trainer", pl.Trainer, cfg.trainer, frozenset(APP_TRAINER_KEYS))
-    _check_annotations("trainer", pl.Trainer, cfg.trainer)
+    said = few_values_refused(pl.Trainer, cfg.trainer)
+    if said:
+        raise ConfigError(said)
     _build_cheap_objects(cfg)
-
-
-def _check_annotations(path: str, target: Any, node: DictConfig) -> None:
-    hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
-    values = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(values, dict)
-    for key, value in values.items():
-        if key in hints and not accepts(hints[key], value):
-            raise bad(f"{path}.{key}", value, describe(hints[key]))
 
 
 def _check_signature(
@@ -87,12 +81,11 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
             parse_rate(cfg.launcher.rate)
         except (TypeError, ValueError):
             raise bad("launcher.rate", cfg.launcher.rate, "null or a tc rate: '300mbit', '1gbit'") from None
-    built = {}
-    for section in ("strategy", "data"):
-        try:
-            built[section] = instantiate(cfg[section])
-        except Exception as err:  # noqa: BLE001 - the constructor's own check, said in one line
-            raise ConfigError(f"{section}: {first_line(err.__cause__ or err)}") from None
+    from lightning_cocod.app.fit import checkpoint_callbacks, hetero_callbacks
+
+    built = {section: _build(section, instantiate, cfg[section]) for section in ("strategy", "data")}
+    _build("checkpoint", checkpoint_callbacks, cfg, Path(cfg.out_root), None)
+    _build("hetero", hetero_callbacks, cfg)
     _check_batch_fits(cfg, built["data"])
     _check_eval_fits(cfg, built["data"])
     strategy = type(built["strategy"]).__name__
@@ -104,12 +97,16 @@ def _build_cheap_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    try:
-        instantiate(cfg.model, **stand_in)
-    except Exception as err:  # noqa: BLE001
-        raise ConfigError(f"model: {first_line(err.__cause__ or err)}") from None
+    _build("model", instantiate, cfg.model, **stand_in)
     _check_cifar_files(cfg)
     _check_gpus(cfg)
+
+
+def _build(key: str, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return build(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - the constructor's own check, said in one line
+        raise ConfigError(f"{key}: {first_line(err.__cause__ or err)}") from None
 
 
 def _check_batch_fits(cfg: DictConfig, data: Any) -> None:

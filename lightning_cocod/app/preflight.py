@@ -15,11 +15,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightning_cocod.app.checks import APP_TRAINER_KEYS, ConfigError, check_values, first_line, method_of
 from lightning_cocod.app.files import check_out_root, resume_checkpoint
+from lightning_cocod.app.loggers import to_plain
 from lightning_cocod.app.objects import check_objects
+from lightning_cocod.app.schema import refused  # registers the schema that train.yaml names
 from lightning_cocod.methods import PERIODIC
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
@@ -82,7 +84,7 @@ def compose_job(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose one job's config (an initialized compose context is required); ConfigError on failure."""
     from hydra import compose
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     try:
         return compose(config_name, overrides)
@@ -96,6 +98,9 @@ def compose_job(config_name: str, overrides: list[str]) -> DictConfig:
         cause = err.__cause__
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):  # struct mode refused a key
             raise ConfigError(unknown_key(cause.full_key, cause.parent_node)) from None
+        said = refused(cause) if isinstance(cause, OmegaConfBaseException) else None  # a wrong type
+        if said:
+            raise ConfigError(said) from None
         raise ConfigError(first_line(err) + (f" ({first_line(cause)})" if cause else "")) from None
 
 
@@ -168,8 +173,7 @@ def duplicate_jobs(configs: Sequence[DictConfig]) -> dict[int, int]:
     first: dict[str, int] = {}
     repeats = {}
     for num, cfg in enumerate(configs):
-        plain = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(plain, dict)
+        plain = to_plain(cfg)
         plain.pop("run_id", None)
         plain["launcher"].pop("run_id", None)  # a clock: two jobs may straddle a second
         if method_of(cfg.strategy) not in PERIODIC:

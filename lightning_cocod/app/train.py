@@ -71,22 +71,20 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
         if is_rank_zero():
             continuing = cfg.checkpoint.resume in ("last", "auto")
             claim(job_dir, continuing, "hydra.sweep.dir" if multirun else "run_id")
-    except ConfigError as err:
-        raise SystemExit(f"cocod-train: error: {err}") from None
-    finished = job_dir / "run.json"
-    if cfg.checkpoint.resume == "auto" and finished.is_file():
-        # A requeued sweep runs every job again: those that ended keep their records as they are.
-        try:
-            record = json.loads(finished.read_text())
-        except ValueError as err:
-            raise SystemExit(
-                f"cocod-train: error: {finished} is not a run record ({first_line(err)}), so "
-                "checkpoint.resume=auto cannot tell whether that run finished; move it aside to continue the "
-                "run from its newest checkpoint"
-            ) from None
-        log.info("%s: finished already (%s); checkpoint.resume=auto leaves it as it is", record.get("name"), job_dir)
-        return record.get("test_acc")
-    try:
+        finished = job_dir / "run.json"
+        if cfg.checkpoint.resume == "auto" and finished.is_file():
+            # A requeued sweep runs every job again: those that ended keep their records as they are.
+            try:
+                record = json.loads(finished.read_text())
+            except ValueError as err:
+                raise ConfigError(
+                    f"{finished} is not a run record ({first_line(err)}), so checkpoint.resume=auto "
+                    "cannot tell whether that run finished; move it aside to continue the run from its "
+                    "newest checkpoint"
+                ) from None
+            what = "%s: finished already (%s); checkpoint.resume=auto leaves it as it is"
+            log.info(what, record.get("name"), job_dir)
+            return record.get("test_acc")
         resume = resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
         check_run_folder(cfg, job_dir)
     except ConfigError as err:
@@ -119,7 +117,13 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
                 write_start(job_dir, config, identity)
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
-        if _is_preemption(err):
+        from lightning_cocod import Preempted
+        from lightning_cocod.launch import WorkersPreempted
+        from lightning_cocod.launch.netns import Terminated
+
+        # Stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's Preempted in this very
+        # process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers).
+        if isinstance(err, (Preempted, WorkersPreempted)):
             # Ctrl-C stopped the workers as a preemption does (they checkpointed), but it was asked
             # for at this terminal: the shell's code for it, not the scheduler's requeue code.
             interrupted = getattr(err, "interrupted", False)
@@ -127,7 +131,7 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
                 line = _preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted)
                 print(line, flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
-        if _is_stop_signal(err):
+        if isinstance(err, Terminated):
             # The workers did not stop together (one had not started its fit, or died of the
             # signal): without this line the app would end with the signal's code and no word.
             line = _stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun)
@@ -163,15 +167,6 @@ def final_line(record: dict[str, Any]) -> str:
     )
 
 
-def _is_preemption(err: BaseException) -> bool:
-    """A run stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's ``Preempted`` in this
-    very process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers)."""
-    from lightning_cocod import Preempted
-    from lightning_cocod.launch import WorkersPreempted
-
-    return isinstance(err, (Preempted, WorkersPreempted))
-
-
 def _worker_failure(err: BaseException) -> str | None:
     """One line for a run that lost a worker or diverged, or None for an error of our own code,
     whose traceback is the useful report. A rank that raised is named with its exception's line."""
@@ -194,12 +189,6 @@ def _worker_failure(err: BaseException) -> str | None:
         ConfigMismatch,
     )
     return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
-
-
-def _is_stop_signal(err: BaseException) -> bool:
-    from lightning_cocod.launch.netns import Terminated
-
-    return isinstance(err, Terminated)
 
 
 def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, multirun: bool) -> str:
@@ -248,11 +237,11 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
     from lightning_cocod.app.condition import NETNS_ENV, net_namespace
-    from lightning_cocod.app.fit import progress_path
+    from lightning_cocod.app.fit import progress_path, threads_per_rank
     from lightning_cocod.launch.progress import ProgressRelay
     from lightning_cocod.launch import launch_workers
 
-    threads = cfg.launcher.get("threads_per_worker") or max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_rank(cfg.launcher, {})  # the cores shared by the workers, whatever this shell says
     rate = cfg.launcher.get("rate")
     if rate and os.geteuid() == 0:  # without root the launcher warns that it runs unshaped
         log.info("workers talk over a loopback shaped to %s", rate)
