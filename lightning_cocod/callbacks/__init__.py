@@ -8,7 +8,6 @@ from lightning_cocod.callbacks.metrics import (
     ProgressLine,
     StepTimer,
 )
-from lightning_cocod.figures import steady_step_seconds  # where app/fit.py still looks for it
 
 __all__ = [
     "AccuracyTimeline",
@@ -18,5 +17,4 @@ __all__ = [
     "SimulatedSlowdown",
     "StepTimer",
     "check_slowdowns",
-    "steady_step_seconds",
 ]
