@@ -1,7 +1,8 @@
 """A rank of a small CoCoD run on digits, for the reliability tests.
 
 argv: out_dir max_steps [die_at_step] [resume]; rank 1 kills itself (SIGKILL) after optimizer
-step die_at_step; a checkpoint is written at step 4; the final weights go to out_dir/rank{R}.pt.
+step die_at_step; a checkpoint is written at step 4; the final weights go to out_dir/rank{R}.pt,
+the step each rank's training began at to out_dir/began{R}.
 """
 
 import os
@@ -21,6 +22,9 @@ from lightning_cocod.models import ClassifierModule, SmallCNN
 class Script(pl.Callback):
     def __init__(self, out_dir, die_at):
         self.out_dir, self.die_at = out_dir, die_at
+
+    def on_train_start(self, trainer, pl_module):
+        (self.out_dir / f"began{trainer.global_rank}").write_text(str(trainer.global_step))
 
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == 4:
