@@ -63,7 +63,9 @@ def method(name: str) -> Method:
 
 
 def method_of_class(class_name: str) -> str | None:
-    """The method a strategy class stands for (Lightning's own DDPStrategy is S-SGD), or None."""
+    """The method a strategy class stands for (Lightning's own DDPStrategy is S-SGD), or None;
+    ``class_name`` may be a config's dotted ``_target_``."""
+    class_name = class_name.rpartition(".")[2]
     if class_name == "DDPStrategy":
         return "ssgd"
     return next((m.name for m in METHODS.values() if m.strategy_class == class_name), None)

@@ -46,7 +46,7 @@ def _positive_int(key: str, value: Any, what: str = "a positive integer") -> Non
 
 def method_of(strategy: DictConfig) -> str:
     target = str(strategy.get("_target_", ""))
-    method = method_of_class(target.rpartition(".")[2])
+    method = method_of_class(target)
     if method is None:
         classes = ", ".join(m.strategy_class for m in METHODS.values())
         raise bad("strategy._target_", target, f"a class among {classes} (strategy={'|'.join(METHODS)})")

@@ -66,7 +66,7 @@ def world_size(cfg: DictConfig) -> int:
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
     """What every record of this run carries (run.json, logger config); the worker adds the
     condition it measured (``app.condition``)."""
-    name = method_of_class(str(cfg.strategy._target_).rpartition(".")[2])
+    name = method_of_class(str(cfg.strategy._target_))
     tau = cfg.strategy.get("tau") if name in PERIODIC else None
     progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
     workers = world_size(cfg)
