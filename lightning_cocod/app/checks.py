@@ -12,8 +12,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lightning_cocod._errors import first_line
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
-from lightning_cocod.strategies.reliability import first_line
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
 # Trainer arguments the app derives from other keys: the key to set instead.

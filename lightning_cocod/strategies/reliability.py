@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from lightning_cocod._errors import first_line
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
 from lightning_cocod.core.control import RequestFlags
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
@@ -80,11 +81,6 @@ def parse_timeout(owner: str, value: Any) -> timedelta:
             f"{owner}: timeout={value!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
         )
     return timedelta(seconds=seconds)
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class ReliableStrategy(_MixedInto):
