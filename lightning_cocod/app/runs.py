@@ -9,54 +9,47 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
+from lightning_cocod._errors import first_line
 from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import METHODS
 
 Skipped = Callable[[Path, str], None]
-# Fields the report and the speedup rule compute with: a number or nothing.
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
-_NUMBERS += ("target_accuracy", "speedup_vs_ssgd", "progress")
+# The fields the report and the speedup rule compute with, by what they hold (None: null or missing).
+_KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
+    ("an integer", (int,), ("seed", "workers")),
+    ("a name", (str,), ("id",)),
+    ("a name", (str, type(None)), ("group", "condition_id", "link")),
+    ("a mapping", (dict, type(None)), ("condition",)),
+    ("a period", (int, type(None)), ("tau",)),  # or "auto", let through below
+    ("a number", (int, float, type(None)), (*_NUMBERS, "target_accuracy", "speedup_vs_ssgd", "progress")),
+]
 
 
-def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)  # JSON's true is no number
+def _wrong(value: object, kinds: tuple[type, ...]) -> bool:
+    return not isinstance(value, kinds) or isinstance(value, bool)  # JSON's true is no number
 
 
-def _problem(record: Any) -> str | None:
+def _problem(record: object) -> str | None:
     """The first field of ``record`` that a run could not have written, named, or None."""
     if not isinstance(record, dict):
         return f"a record is a JSON object, not {type(record).__name__}"
-    if record.get("method") not in METHODS:
+    if record.get("method") not in tuple(METHODS):  # a tuple: a list or mapping is no key, but no method
         return f"method {record.get('method')!r} is none of {', '.join(METHODS)}"
-    for key in _NUMBERS:
-        if record.get(key) is not None and not _is(record[key], (int, float)):
-            return f"{key} {record[key]!r} is not a number"
-    if not (record.get("tau") in (None, "auto") or _is(record["tau"], int)):
-        return f"tau {record['tau']!r} is not a period"
-    for key in ("seed", "workers"):
-        if not _is(record.get(key), int):
-            return f"{key} {record.get(key)!r} is not an integer"
-    for key, kind in (("id", str), ("group", str), ("condition_id", str), ("link", str), ("condition", dict)):
-        if not isinstance(record.get(key), kind) and (key == "id" or record.get(key) is not None):
-            return f"{key} {record.get(key)!r} is not {'a mapping' if kind is dict else 'a name'}"
+    for what, kinds, keys in _KINDS:
+        for key in keys:
+            if _wrong(record.get(key), kinds) and (key, record.get(key)) != ("tau", "auto"):
+                return f"{key} {record.get(key)!r} is not {what}"
     points = record.get("timeline") or []
     if not isinstance(points, list) or not all(
-        isinstance(p, dict) and _is(p.get("seconds"), (int, float)) and _is(p.get("accuracy"), (int, float))
+        isinstance(p, dict)
+        and not _wrong(p.get("seconds"), (int, float))
+        and not _wrong(p.get("accuracy"), (int, float))
         for p in points
     ):
         return "timeline is not a list of {seconds, accuracy} points"
     return None
-
-
-def read_record(path: Path) -> Record:
-    """The record in ``path``; ValueError (or OSError) saying in one line why it is none."""
-    record = json.loads(path.read_text())
-    why = _problem(record)
-    if why:
-        raise ValueError(why)
-    return record
 
 
 def load_runs(paths: Iterable[Path], skipped: Skipped | None = None) -> list[Record]:
@@ -67,10 +60,14 @@ def load_runs(paths: Iterable[Path], skipped: Skipped | None = None) -> list[Rec
     records = []
     for path in {p.resolve(): p for p in files}.values():  # a folder and a run inside it: the run once
         try:
-            records.append(read_record(path))
+            record = json.loads(path.read_text())
+            why = _problem(record)
         except (OSError, ValueError) as err:
-            if skipped is not None:
-                skipped(path, str(err).strip().partition("\n")[0] or type(err).__name__)
+            why = first_line(err)
+        if why is None:
+            records.append(record)
+        elif skipped is not None:
+            skipped(path, why)
     return records
 
 

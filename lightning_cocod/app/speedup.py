@@ -16,33 +16,25 @@ from typing import Any
 Record = dict[str, Any]
 
 
-def _order(record: Record) -> tuple[float, str]:
-    return (record.get("finished_at") or float("inf"), str(record.get("id")))
-
-
 def baseline(record: Record, runs: Iterable[Record]) -> Record | None:
-    """The S-SGD run ``record`` is compared with, or None when the group has none like it."""
+    """The S-SGD run ``record`` is compared with, or None when the group has none like it (or the
+    record is from before conditions were recorded: nothing to match it on)."""
     if not record.get("condition_id"):
-        return None  # recorded before conditions were: nothing to match it on
-    matches = [
+        return None
+    like = [
         r
         for r in runs
         if r.get("method") == "ssgd"
         and r.get("steady_step_seconds")
-        and r.get("group") == record.get("group")
-        and r.get("condition_id") == record["condition_id"]
-        and r.get("seed") == record.get("seed")
+        and all(r.get(key) == record.get(key) for key in ("group", "condition_id", "seed"))
     ]
-    return min(matches, key=_order) if matches else None
+    return min(like, key=lambda r: (r.get("finished_at") or float("inf"), str(r.get("id"))), default=None)
 
 
 def speedup(record: Record, runs: Iterable[Record]) -> tuple[float | None, str | None]:
     """(speedup over S-SGD, the baseline's id); (None, None) when unknown."""
-    base = baseline(record, runs)
-    mine = record.get("steady_step_seconds")
-    if base is None or not mine:
-        return None, None
-    return base["steady_step_seconds"] / mine, base["id"]
+    base, mine = baseline(record, runs), record.get("steady_step_seconds")
+    return (base["steady_step_seconds"] / mine, base["id"]) if base and mine else (None, None)
 
 
 def describe(value: float | None) -> str:
