@@ -234,19 +234,19 @@ def _captured_figures(monkeypatch) -> list:
 def test_plots_have_an_axis_only_with_two_values_and_name_accuracy_like_the_table(tmp_path, monkeypatch):
     figures = _captured_figures(monkeypatch)
     rows = report.summarise(RUNS)
-    assert report.plot_against(rows, "tau", "speedup", tmp_path / "tau.png")
+    assert report.plot(rows, "tau", "speedup", tmp_path / "tau.png")
     (ax,) = figures[-1].axes
     assert list(ax.get_xticks()) == [4, 8]  # the values run, not a continuous 3.8-4.2 range
     one_tau = [r for r in rows if r["tau"] in (None, 4)]
-    assert not report.plot_against(one_tau, "tau", "speedup", tmp_path / "tau1.png")
+    assert not report.plot(one_tau, "tau", "speedup", tmp_path / "tau1.png")
     assert not (tmp_path / "tau1.png").exists()
-    assert report.plot_accuracy(rows, tmp_path / "acc.png")
+    assert report.plot(rows, "seconds", "timeline", tmp_path / "acc.png")
     # The timeline is what each epoch's validation measured; the table's figure is the test split's.
     assert figures[-1].axes[0].get_ylabel() == "validation accuracy (%)"
-    assert report.plot_against(rows, "tau", "acc", tmp_path / "acc_tau.png")
+    assert report.plot(rows, "tau", "acc", tmp_path / "acc_tau.png")
     assert figures[-1].axes[0].get_ylabel() == report.ACCURACY == "test acc (%)"
     assert "test acc (%)" in report.markdown("g", RUNS, rows, [])
-    assert not report.plot_against(one_tau, "tau", "acc", tmp_path / "acc_tau1.png")
+    assert not report.plot(one_tau, "tau", "acc", tmp_path / "acc_tau1.png")
 
 
 def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypatch):
@@ -261,13 +261,13 @@ def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypa
     paper = rows[("CoCoD-SGD", 4)]
     assert paper["n"] == 2 and paper["acc"] == pytest.approx(91.0) and paper["seeds"] == [0, 1]
     figures = _captured_figures(monkeypatch)
-    assert report.plot_accuracy(report.summarise(runs), tmp_path / "acc.png")
+    assert report.plot(report.summarise(runs), "seconds", "timeline", tmp_path / "acc.png")
     legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
     assert legend == ["S-SGD", "CoCoD-SGD tau=4", "CoCoD-SGD tau=8", "CoCoD-SGD (progress 0.5) tau=4"]
     # A line is the mean of its seeds' timelines: seeds 0 and 1 of the paper's merge, 93% and 89%.
     paper_line = figures[-1].axes[0].get_lines()[1]
     assert list(paper_line.get_ydata()) == pytest.approx([45.5, 91.0])
-    assert report.plot_against(report.summarise(runs), "tau", "acc", tmp_path / "acc_tau.png")
+    assert report.plot(report.summarise(runs), "tau", "acc", tmp_path / "acc_tau.png")
     ax = figures[-1].axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["CoCoD-SGD w=2", "CoCoD-SGD (progress 0.5) w=2"]

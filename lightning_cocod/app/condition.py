@@ -37,35 +37,27 @@ def net_namespace() -> str | None:
         return None
 
 
-def link(rate: str | None) -> str:
-    """The link this rank really talks over: ``rate`` when the launcher put it in a shaped
-    namespace (a namespace other than the launcher's, named in NETNS_ENV), else "unshaped"."""
+def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
+    """What this rank runs under, read off the process and the built Trainer. The link is ``rate``
+    only when the launcher put this rank in a shaped namespace (one other than the launcher's,
+    named in NETNS_ENV): without root a rate asked for runs unshaped."""
+    import torch
+
     from lightning_cocod.launch.netns import format_rate, parse_rate
 
     launcher_ns = os.environ.get(NETNS_ENV)
     shaped = rate is not None and launcher_ns is not None and net_namespace() not in (None, launcher_ns)
-    return format_rate(parse_rate(rate)) if shaped else "unshaped"
-
-
-def cpu_name() -> str:
-    """The CPU's model and core count (platform.processor() says "x86_64" on Linux)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            models = [line.partition(":")[2].strip() for line in fh if line.startswith("model name")]
-    except OSError:
-        models = []
-    return f"{(models or [platform.processor() or platform.machine()])[0]} x{os.cpu_count()}"
-
-
-def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
-    """What this rank runs under, read off the process and the built Trainer."""
-    import torch
-
     accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+    try:  # the CPU's model: platform.processor() says "x86_64" on Linux
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.partition(":")[2].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    cpu = f"{cpu or platform.processor() or platform.machine()} x{os.cpu_count()}"
     return {
-        "link": link(rate),
+        "link": format_rate(parse_rate(rate)) if shaped else "unshaped",
         "threads": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu_name(),
+        "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu,
         "accelerator": accelerator,
         "precision": str(trainer.precision),
         "world_size": trainer.world_size,

@@ -26,11 +26,14 @@ from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
 AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
-AXES["speedup"] = "speedup vs S-SGD (step time)"
-# Shown in columns of their own, so left out of the "condition" column.
-_OWN_COLUMNS = (
-    {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
-)
+AXES.update(speedup="speedup vs S-SGD (step time)", seconds="wall time since the first step (s)")
+AXES["timeline"] = "validation accuracy (%)"  # what each epoch's validation measured
+_IN_FILE_NAMES = {"acc": "accuracy", "timeline": "accuracy", "seconds": "time"}
+# Shown in columns of their own (workers, link), so left out of the "condition" column.
+_IN_COLUMNS = {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
+# A row's figures: its name in the row -> the records' field, and the scale it is shown at.
+_FIGURES = {"acc": ("test_acc", 100), "step": ("steady_step_seconds", 1), "hidden": ("hidden_fraction", 1)}
+_FIGURES["to_target"] = ("time_to_target_seconds", 1)
 Row = dict[str, Any]
 
 
@@ -47,7 +50,7 @@ def condition_labels(runs: list[Record]) -> dict[str | None, str]:
     """condition_id -> what sets it apart from the group's other conditions ("" when nothing
     beyond the workers and the link, which have columns of their own)."""
     conditions = {r["condition_id"]: _flat(r.get("condition") or {}) for r in runs if r.get("condition_id")}
-    keys = sorted({k for c in conditions.values() for k in c} - _OWN_COLUMNS)
+    keys = sorted({k for c in conditions.values() for k in c} - _IN_COLUMNS)
     differing = [k for k in keys if len({repr(c.get(k)) for c in conditions.values()}) > 1]
     labels: dict[str | None, str] = {None: "not recorded"}
     for cid, c in conditions.items():
@@ -55,18 +58,18 @@ def condition_labels(runs: list[Record]) -> dict[str | None, str]:
     return labels
 
 
-def _stats(name: str, values: list[float]) -> Row:
-    """``name``: the mean (None without values); ``name_std``: the sample std; ``name_n``: how many."""
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {name: statistics.fmean(values) if values else None, f"{name}_std": std, f"{name}_n": len(values)}
-
-
-def _of(runs: list[Record], key: str, scale: float = 1.0) -> list[float]:
-    return [scale * r[key] for r in runs if r.get(key) is not None]
+def _stats(name: str, values: list[float | None], scale: float = 1) -> Row:
+    """``name``: the mean of the known values (None without any); ``name_std``: their sample std;
+    ``name_n``: how many."""
+    known = [scale * v for v in values if v is not None]
+    std = statistics.stdev(known) if len(known) > 1 else 0.0
+    return {name: statistics.fmean(known) if known else None, f"{name}_std": std, f"{name}_n": len(known)}
 
 
 def summarise(runs: list[Record]) -> list[Row]:
-    """One row per (condition, method and its merge variant, tau) over seeds, in the table's order."""
+    """One row per (condition, method and its merge variant, tau) over seeds, in the table's order:
+    conditions apart; methods in the table of methods' order, the default merge first; tau: none,
+    the periods, "auto"."""
     labels = condition_labels(runs)
     cells: dict[tuple, list[Record]] = defaultdict(list)
     for run in runs:
@@ -76,38 +79,43 @@ def summarise(runs: list[Record]) -> list[Row]:
     rows = []
     for (cid, method, progress, tau), members in cells.items():
         speedups = [speedup(member, runs)[0] for member in members]
+        timelines = [m["timeline"] for m in members if m.get("timeline")]
         variant = merge_variant(progress)
-        rows.append(
-            {
-                "method": method,
-                "progress": progress,
-                "label": label(method) + (f" ({variant})" if variant else ""),
-                "tau": tau,
-                "workers": members[0]["workers"],
-                "link": members[0].get("link") or "–",
-                "condition": labels[cid],
-                "seeds": sorted({m["seed"] for m in members}),
-                "n": len(members),
-                "runs": members,
-                # The runs whose own record said "unknown": their S-SGD run finished after them.
-                "late": sum(
-                    s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members)
-                ),
-                "target": next((m["target_accuracy"] for m in members if m.get("target_accuracy")), None),
-                **_stats("acc", _of(members, "test_acc", 100)),
-                **_stats("step", _of(members, "steady_step_seconds")),
-                **_stats("speedup", [s for s in speedups if s is not None]),
-                **_stats("hidden", _of(members, "hidden_fraction")),
-                **_stats("to_target", _of(members, "time_to_target_seconds")),
-            }
-        )
+        row = {
+            "method": method,
+            "progress": progress,
+            "label": label(method) + (f" ({variant})" if variant else ""),
+            "tau": tau,
+            "workers": members[0]["workers"],
+            "link": members[0].get("link") or "–",
+            "condition": labels[cid],
+            "seeds": sorted({m["seed"] for m in members}),
+            "n": len(members),
+            # Its seeds' timelines averaged point by point, over the validations all of them reached
+            # (no error bars: None where other figures' points have their std).
+            "timeline": [
+                (
+                    statistics.fmean(p["seconds"] for p in k),
+                    100 * statistics.fmean(p["accuracy"] for p in k),
+                    None,
+                )
+                for k in zip(*timelines)  # the k-th validation of every seed
+            ],
+            # The runs whose own record said "unknown": their S-SGD run finished after them.
+            "late": sum(
+                s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members)
+            ),
+            "target": next((m["target_accuracy"] for m in members if m.get("target_accuracy")), None),
+            **_stats("speedup", speedups),
+        }
+        for name, (key, scale) in _FIGURES.items():
+            row.update(_stats(name, [m.get(key) for m in members], scale))
+        rows.append(row)
 
     def order(r: Row) -> tuple:
-        """Conditions apart; methods in the table of methods' order, the default merge first; tau:
-        none, the periods, "auto"."""
         tau = r["tau"]
-        method = (list(METHODS).index(r["method"]), -(r["progress"] or 0))
         tau_order = (tau is not None, isinstance(tau, str), tau if isinstance(tau, int) else 0)
+        method = (list(METHODS).index(r["method"]), -(r["progress"] or 0))
         return (r["workers"], r["link"], r["condition"], *method, *tau_order)
 
     return sorted(rows, key=order)
@@ -126,11 +134,26 @@ def _spread(row: Row, name: str, fmt: str) -> str:
 def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) -> str:
     target = next((r["target"] for r in rows if r["target"]), None)
     with_condition = any(r["condition"] for r in rows)
-    headers = [
-        *("method", "tau", "workers", "link", *(["condition"] if with_condition else []), "seeds", ACCURACY),
-        *("steady step (s)", "speedup vs S-SGD", "hidden share"),
-        f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)",
-    ]
+
+    def to_target(r: Row) -> str:
+        if r["target"] is None:
+            return "–"
+        reached = r["to_target_n"]
+        return f"{r['to_target']:.1f} ({reached}/{r['n']})" if reached else f"not reached (0/{r['n']})"
+
+    columns = {
+        "method": lambda r: r["label"],
+        "tau": lambda r: "–" if r["tau"] is None else str(r["tau"]),
+        "workers": lambda r: str(r["workers"]),
+        "link": lambda r: str(r["link"]),
+        **({"condition": lambda r: r["condition"] or "–"} if with_condition else {}),
+        "seeds": lambda r: ",".join(map(str, r["seeds"])),
+        ACCURACY: lambda r: _spread(r, "acc", ".2f"),
+        "steady step (s)": lambda r: _spread(r, "step", ".4f"),
+        "speedup vs S-SGD": lambda r: _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
+        "hidden share": lambda r: "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
+        f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)": to_target,
+    }
     lines = [
         f"# {group}: {len(runs)} run(s)",
         "",
@@ -138,24 +161,12 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
         "condition and seed over the run's; a run without such an S-SGD run has none.",
         "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(cell(r) for cell in columns.values()) + " |" for r in rows),
+        "",
+        f"Code: {', '.join(sorted({code_of(r) for r in runs}))}.",
     ]
-    for r in rows:
-        n, reached = r["n"], r["to_target_n"]
-        to_target = f"{r['to_target']:.1f} ({reached}/{n})" if reached else f"not reached (0/{n})"
-        cells = [
-            *(r["label"], "–" if r["tau"] is None else str(r["tau"]), str(r["workers"]), str(r["link"])),
-            *([r["condition"] or "–"] if with_condition else []),
-            ",".join(map(str, r["seeds"])),
-            _spread(r, "acc", ".2f"),
-            _spread(r, "step", ".4f"),
-            _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
-            "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
-            "–" if r["target"] is None else to_target,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Code: {', '.join(sorted({code_of(r) for r in runs}))}."]
     if not any(r["method"] == "ssgd" for r in rows):
         lines += ["", "No S-SGD run in this group: speedups and their plots need one (strategy=ssgd)."]
     if late := sum(r["late"] for r in rows):
@@ -169,88 +180,70 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
     return "\n".join([*lines, "", *(f"![{Path(p).stem}]({p})" for p in plots)]) + "\n"
 
 
-def _save(fig: Any, path: Path) -> bool:
-    """Grid and legend on every panel, then the PNG; the figure is closed (matplotlib keeps open ones)."""
+def _line_name(r: Row, fixed: str, rows: list[Row]) -> str:
+    """A line's legend: the row's label, what else is fixed along the line, the link when the rows
+    have several, the condition."""
+    link = f"link={r['link']}" if len({row["link"] for row in rows}) > 1 else ""
+    return " ".join(filter(None, [r["label"], fixed, link, r["condition"]]))
+
+
+def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
+    """The PNG ``path`` of ``y`` against ``x``, or False when there is nothing to draw.
+
+    "timeline" against "seconds": validation accuracy against wall time, one line per row of the
+    table (its seeds' timelines averaged), a panel per worker count. "acc" or "speedup" (mean ±
+    std over seeds) against "tau" or "workers": one line per method and all else, on a log scale
+    ticked at the values run, S-SGD as a dashed line; not drawn when ``x`` takes fewer than two
+    values (an axis with one value says nothing).
+    """
     import matplotlib.pyplot as plt
 
-    for ax in fig.axes:
+    panels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    other = {"tau": "workers", "workers": "tau", "seconds": "tau"}[x]
+    for r in rows:  # in the table's order, so the panels' and the legends' too
+        fixed = "" if r[other] is None else f"{'w' if other == 'workers' else other}={r[other]}"
+        if x == "seconds" and r["timeline"]:
+            title = f"{r['workers']} workers: accuracy against wall time (mean over seeds)"
+            panels[title][_line_name(r, fixed, rows)] += r["timeline"]
+        elif r["method"] != "ssgd" and isinstance(r[x], int) and r[y] is not None:
+            title = f"{'Final accuracy' if y == 'acc' else 'Speedup'} against {x}"
+            panels[title][_line_name(r, fixed, rows)].append((r[x], r[y], r[f"{y}_std"]))
+    xs = sorted({p[0] for lines in panels.values() for points in lines.values() for p in points})
+    if len(xs) < (1 if x == "seconds" else 2):
+        return False
+    # S-SGD's speedup is 1 by definition; its accuracy depends on the workers.
+    ssgd = [
+        (r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd" and r["acc"] is not None
+    ]
+    levels = {"speedup": [(1.0, "S-SGD")], "acc": ssgd}.get(y, [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a study has more rows than the default 10 colours
+        for name, points in lines.items():
+            at, mean, std = zip(*sorted(points, key=lambda p: p[0]))
+            errors = None if x == "seconds" else std
+            ax.errorbar(at, mean, yerr=errors, marker="." if errors is None else "o", capsize=3, label=name)
+        for level, name in levels:
+            ax.axhline(level, linestyle="--", linewidth=1, color="grey")
+            ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
+        if x != "seconds":
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(v) for v in xs])
+        ax.set(xlabel=AXES[x], ylabel=AXES[y], title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plt.close(fig)  # matplotlib keeps open figures
     return True
-
-
-def plot_accuracy(rows: list[Row], path: Path) -> bool:
-    """Validation accuracy against wall time, one line per row of the table (its seeds' timelines
-    averaged point by point, over the validations all of them reached), a panel per worker count."""
-    import matplotlib.pyplot as plt
-
-    lines = [(r, [m["timeline"] for m in r["runs"] if m.get("timeline")]) for r in rows]
-    lines = [(r, timelines) for r, timelines in lines if timelines]
-    workers = sorted({r["workers"] for r, _ in lines})
-    if not workers:
-        return False
-    fig, axes = plt.subplots(1, len(workers), figsize=(6.5 * len(workers), 4.5), squeeze=False)
-    for ax, count in zip(axes[0], workers):
-        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a study has more rows than the default 10 colours
-        for r, timelines in (line for line in lines if line[0]["workers"] == count):
-            points = list(zip(*timelines))  # the k-th validation of every seed
-            seconds = [statistics.fmean(p["seconds"] for p in k) for k in points]
-            accuracy = [100 * statistics.fmean(p["accuracy"] for p in k) for k in points]
-            name = r["label"] + (f" tau={r['tau']}" if r["tau"] is not None else "")
-            name += f" ({r['condition']})" if r["condition"] else ""
-            ax.plot(seconds, accuracy, marker=".", label=name)
-        title = f"{count} workers: accuracy against wall time (mean over seeds)"
-        ax.set(xlabel="wall time since the first step (s)", ylabel="validation accuracy (%)", title=title)
-    return _save(fig, path)
-
-
-def plot_against(rows: list[Row], x: str, y: str, path: Path) -> bool:
-    """``y`` ("acc" or "speedup", mean ± std over seeds) against ``x`` ("tau" or "workers"), one line
-    per method and all else, S-SGD as a dashed line; not drawn when ``x`` takes fewer than two
-    values (an axis with one value says nothing)."""
-    import matplotlib.pyplot as plt
-
-    other = {"tau": "workers", "workers": "tau"}[x]
-    several_links = len({r["link"] for r in rows}) > 1
-    lines: dict[str, list[tuple[Any, float, float]]] = defaultdict(list)
-    for r in rows:  # in the table's order, so the legend's too
-        if r["method"] != "ssgd" and isinstance(r[x], int) and r[y] is not None:
-            fixed = "" if r[other] is None else f"{'w' if other == 'workers' else other}={r[other]}"
-            link = f"link={r['link']}" if several_links else ""
-            key = " ".join(filter(None, [r["label"], fixed, link, r["condition"]]))
-            lines[key].append((r[x], r[y], r[f"{y}_std"]))
-    xs = sorted({p[0] for points in lines.values() for p in points})
-    if len(xs) < 2:
-        return False
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for key, points in lines.items():
-        at, mean, std = zip(*sorted(points))
-        ax.errorbar(at, mean, yerr=std, marker="o", capsize=3, label=key)
-    # S-SGD's speedup is 1 by definition; its accuracy depends on the workers.
-    ssgd = [(r["acc"], f"S-SGD w={r['workers']}") for r in rows if r["method"] == "ssgd"]
-    ssgd = [(level, name) for level, name in ssgd if level is not None]
-    for level, name in [(1.0, "S-SGD")] if y == "speedup" else ssgd:
-        ax.axhline(level, linestyle="--", linewidth=1, color="grey")
-        ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(v) for v in xs])
-    title = f"{'Final accuracy' if y == 'acc' else 'Speedup'} against {x}"
-    ax.set(xlabel=AXES[x], ylabel=AXES[y], title=title)
-    return _save(fig, path)
 
 
 def write_report(group: str, runs: list[Record], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    rows, stem = summarise(runs), group.replace("/", "_")
-    against_time = f"{stem}_accuracy_vs_time.png"
-    plots = [against_time] if plot_accuracy(rows, out / against_time) else []
-    for y, x in (("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
-        name = f"{stem}_{'accuracy' if y == 'acc' else y}_vs_{x}.png"
-        if plot_against(rows, x, y, out / name):
-            plots.append(name)
+    rows, stem, plots = summarise(runs), group.replace("/", "_"), []
+    for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
+        name = f"{stem}_{_IN_FILE_NAMES.get(y, y)}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
+        plots += [name] if plot(rows, x, y, out / name) else []
     path = out / f"{stem}.md"
     path.write_text(markdown(group, runs, rows, plots))
     return path
@@ -258,11 +251,13 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cocod-report", description=__doc__.splitlines()[0])
-    paths_help = "run folders, sweep folders, output roots or run.json files"
-    parser.add_argument("paths", nargs="+", type=Path, help=paths_help)
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="run folders, sweep folders, output roots or run.json files"
+    )
     parser.add_argument("--group", help="only this group (default: one report per group found)")
-    out_help = "where the .md and .png files go (default: <first path>/report)"
-    parser.add_argument("--out", type=Path, help=out_help)
+    parser.add_argument(
+        "--out", type=Path, help="where the .md and .png files go (default: <first path>/report)"
+    )
     args = parser.parse_args(argv)
     import matplotlib
 
