@@ -21,36 +21,23 @@ class ConfigMismatch(RuntimeError):
     """Ranks that disagree on what must agree; the message names the key and both values."""
 
 
-# Settings that may differ between ranks: a node's own paths, and how long a rank waits.
-_LOCAL = {"root", "timeout"}
-
-
 def must_agree(cfg: DictConfig) -> dict[str, Any]:
-    """What every rank of one run must share, by the config key a user would correct."""
-    values: dict[str, Any] = {"run_id": cfg.run_id, "seed": cfg.seed, "max_steps": cfg.max_steps}
-    values["max_epochs"] = cfg.max_epochs
+    """What every rank of one run must share, by the config key a user would correct: everything
+    but a node's own paths (``root``) and how long a rank waits (``timeout``)."""
+    values = {key: cfg[key] for key in ("run_id", "seed", "max_steps", "max_epochs")}
     for section in ("strategy", "data"):
         plain = to_plain(cfg[section])
-        for key, value in sorted(plain.items()):
-            if key not in _LOCAL:
-                scalar = isinstance(value, (int, float, str, bool, type(None)))
-                values[f"{section}.{key}"] = value if scalar else json.dumps(value, sort_keys=True, default=str)
+        values.update({f"{section}.{k}": v for k, v in sorted(plain.items()) if k not in ("root", "timeout")})
     return values
-
-
-def structure(module: Any) -> str:
-    """A digest of the model's parameter names and shapes (its width, depth and classes)."""
-    shapes = [(name, list(p.shape)) for name, p in module.named_parameters()]
-    return hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12]
 
 
 def disagreement(values: list[dict[str, Any]]) -> str | None:
     """The first key on which a rank differs from rank 0, in words, or None."""
-    for key in values[0]:
+    for key, mine in values[0].items():
         for rank, other in enumerate(values[1:], start=1):
-            if other.get(key) != values[0][key]:
+            if other.get(key) != mine:
                 return (
-                    f"rank {rank} disagrees with rank 0 on {key}: {values[0][key]!r} on rank 0, "
+                    f"rank {rank} disagrees with rank 0 on {key}: {mine!r} on rank 0, "
                     f"{other.get(key)!r} on rank {rank}; every rank must be started with the same config"
                 )
     return None
@@ -68,9 +55,11 @@ class SameConfig(pl.Callback):
 
         if trainer.world_size == 1 or not dist.is_available() or not dist.is_initialized():
             return
-        mine = {**self.values, "model (a digest of its parameter shapes)": structure(pl_module)}
+        # The model's width, depth and classes.
+        shapes = json.dumps([(name, list(p.shape)) for name, p in pl_module.named_parameters()])
+        digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
+        mine = {**self.values, "model (a digest of its parameter shapes)": digest}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        problem = disagreement(gathered)
-        if problem:
+        if problem := disagreement(gathered):
             raise ConfigMismatch(problem)

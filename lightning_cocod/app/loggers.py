@@ -46,32 +46,31 @@ def redact(value: Any, secret: str | None = None) -> Any:
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
-    return plain
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]  # a DictConfig's is a dict
 
 
 def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> Any:
-    """The Lightning logger of ``node`` writing under ``job_dir``; False for logger=none."""
+    """The Lightning logger of ``node`` writing under ``job_dir``; False for logger=none.
+
+    A CSV log goes to ``version`` unless that folder already holds a metrics.csv (a resumed run, or
+    a new one in the same run folder), which Lightning's CSV writer would delete: then to the next
+    free ``v1``, ``v2``, ... beside it, as checkpoints get last-v1.ckpt. (None: Lightning numbers.)
+    """
     if not node or "_target_" not in node:
         return False
     from hydra.utils import instantiate
 
     extra: dict[str, Any] = {"save_dir": str(job_dir)}
     if str(node._target_).endswith("CSVLogger"):
-        extra["version"] = _free_csv_version(job_dir / str(node.get("name", "csv")), node.get("version"))
+        folder = job_dir / str(node.get("name", "csv"))
+        versions = [node.get("version"), *(f"v{n}" for n in range(1, 10_000))]
+        extra["version"] = next(
+            v for v in versions if v is None or not (folder / str(v) / "metrics.csv").exists()
+        )
     if str(node._target_).endswith("WandbLogger"):
         method, tags = identity["method"], list(node.get("tags", []))
         extra.update(name=identity["name"], mode=wandb_mode(), tags=[*tags, method], job_type=method)
     return instantiate(node, **extra)
-
-
-def _free_csv_version(folder: Path, version: Any) -> Any:
-    """``version``, unless its folder already holds a metrics.csv (a resumed run, or a new one in
-    the same run folder): Lightning's CSV writer would delete that file, so the next free
-    ``v1``, ``v2``, ... beside it, as checkpoints get last-v1.ckpt. (None: Lightning numbers.)"""
-    taken = [version, *(f"v{n}" for n in range(1, 10_000))]
-    return next(v for v in taken if v is None or not (folder / str(v) / "metrics.csv").exists())
 
 
 def log_start(logger: Any, identity: dict[str, Any], config: dict[str, Any]) -> None:
