@@ -25,15 +25,24 @@ from lightning_cocod.app.speedup import speedup
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
-AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
-AXES.update(speedup="speedup vs S-SGD (step time)", seconds="wall time since the first step (s)")
-AXES["timeline"] = "validation accuracy (%)"  # what each epoch's validation measured
+AXES = {
+    "tau": "tau (optimizer steps per round)",
+    "workers": "workers",
+    "seconds": "wall time since the first step (s)",
+    "acc": ACCURACY,
+    "speedup": "speedup vs S-SGD (step time)",
+    "timeline": "validation accuracy (%)",  # what each epoch's validation measured
+}
 _IN_FILE_NAMES = {"acc": "accuracy", "timeline": "accuracy", "seconds": "time"}
 # Shown in columns of their own (workers, link), so left out of the "condition" column.
 _IN_COLUMNS = {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
 # A row's figures: its name in the row -> the records' field, and the scale it is shown at.
-_FIGURES = {"acc": ("test_acc", 100), "step": ("steady_step_seconds", 1), "hidden": ("hidden_fraction", 1)}
-_FIGURES["to_target"] = ("time_to_target_seconds", 1)
+_FIGURES = {
+    "acc": ("test_acc", 100),
+    "step": ("steady_step_seconds", 1),
+    "hidden": ("hidden_fraction", 1),
+    "to_target": ("time_to_target_seconds", 1),
+}
 Row = dict[str, Any]
 
 
@@ -91,14 +100,9 @@ def summarise(runs: list[Record]) -> list[Row]:
             "condition": labels[cid],
             "seeds": sorted({m["seed"] for m in members}),
             "n": len(members),
-            # Its seeds' timelines averaged point by point, over the validations all of them reached
-            # (no error bars: None where other figures' points have their std).
+            # Its seeds' timelines averaged point by point, over the validations all of them reached.
             "timeline": [
-                (
-                    statistics.fmean(p["seconds"] for p in k),
-                    100 * statistics.fmean(p["accuracy"] for p in k),
-                    None,
-                )
+                (statistics.fmean(p["seconds"] for p in k), 100 * statistics.fmean(p["accuracy"] for p in k))
                 for k in zip(*timelines)  # the k-th validation of every seed
             ],
             # The runs whose own record said "unknown": their S-SGD run finished after them.
@@ -220,9 +224,10 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
     for ax, (title, lines) in zip(axes[0], panels.items()):
         ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a study has more rows than the default 10 colours
         for name, points in lines.items():
-            at, mean, std = zip(*sorted(points, key=lambda p: p[0]))
-            errors = None if x == "seconds" else std
-            ax.errorbar(at, mean, yerr=errors, marker="." if errors is None else "o", capsize=3, label=name)
+            at, mean, *std = zip(*sorted(points, key=lambda p: p[0]))  # a timeline's points carry no std
+            ax.errorbar(
+                at, mean, yerr=std[0] if std else None, marker="o" if std else ".", capsize=3, label=name
+            )
         for level, name in levels:
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
             ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
