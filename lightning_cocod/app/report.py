@@ -203,9 +203,9 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     panels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    other = {"tau": "workers", "workers": "tau", "seconds": "tau"}[x]
+    held = {"tau": "workers", "workers": "tau", "seconds": "tau"}[x]  # along a line, beside the method
     for r in rows:  # in the table's order, so the panels' and the legends' too
-        fixed = "" if r[other] is None else f"{'w' if other == 'workers' else other}={r[other]}"
+        fixed = "" if r[held] is None else f"{'w' if held == 'workers' else held}={r[held]}"
         if x == "seconds" and r["timeline"]:
             title = f"{r['workers']} workers: accuracy against wall time (mean over seeds)"
             panels[title][_line_name(r, fixed, rows)] += r["timeline"]
