@@ -121,6 +121,8 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
         "text_acc/run.json": json.dumps(dict(COCOD_A1, id="g/bad-acc", test_acc="0.9")),
         "list_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-tau", tau=[4])),
         "method/run.json": json.dumps(dict(COCOD_A1, id="g/bad-method", method="sgd")),
+        "true_seed/run.json": json.dumps(dict(COCOD_A1, id="g/bad-seed", seed=True)),  # JSON's true: no number
+        "word_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-word", tau="four")),  # "auto" is the one word
         "a_list/run.json": "[1, 2]",
     }
     for name, text in damaged.items():
@@ -133,6 +135,7 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
     )
     assert all(line.startswith("cocod-report: skipped ") for line in err)
     assert any(line.endswith("text_acc/run.json: test_acc '0.9' is not a number") for line in err)
+    assert any(line.endswith("true_seed/run.json: seed True is not an integer") for line in err)
     assert any(line.endswith("method/run.json: method 'sgd' is none of ssgd, pipe_sgd, local_sgd, cocod") for line in err)
     # The good records are all there, as in the table worked out by hand below.
     table = (tmp_path / "rep" / "g.md").read_text()
