@@ -25,24 +25,12 @@ from lightning_cocod.app.speedup import speedup
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
-AXES = {
-    "tau": "tau (optimizer steps per round)",
-    "workers": "workers",
-    "seconds": "wall time since the first step (s)",
-    "acc": ACCURACY,
-    "speedup": "speedup vs S-SGD (step time)",
-    "timeline": "validation accuracy (%)",  # what each epoch's validation measured
-}
+AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
+AXES |= {"speedup": "speedup vs S-SGD (step time)", "seconds": "wall time since the first step (s)"}
+AXES["timeline"] = "validation accuracy (%)"  # what each epoch's validation measured
 _IN_FILE_NAMES = {"acc": "accuracy", "timeline": "accuracy", "seconds": "time"}
 # Shown in columns of their own (workers, link), so left out of the "condition" column.
 _IN_COLUMNS = {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
-# A row's figures: its name in the row -> the records' field, and the scale it is shown at.
-_FIGURES = {
-    "acc": ("test_acc", 100),
-    "step": ("steady_step_seconds", 1),
-    "hidden": ("hidden_fraction", 1),
-    "to_target": ("time_to_target_seconds", 1),
-}
 Row = dict[str, Any]
 
 
@@ -90,6 +78,8 @@ def summarise(runs: list[Record]) -> list[Row]:
         speedups = [speedup(member, runs)[0] for member in members]
         timelines = [m["timeline"] for m in members if m.get("timeline")]
         variant = merge_variant(progress)
+        # The runs whose own record said "unknown": their S-SGD run finished after them.
+        late = sum(s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members))
         row = {
             "method": method,
             "progress": progress,
@@ -105,15 +95,14 @@ def summarise(runs: list[Record]) -> list[Row]:
                 (statistics.fmean(p["seconds"] for p in k), 100 * statistics.fmean(p["accuracy"] for p in k))
                 for k in zip(*timelines)  # the k-th validation of every seed
             ],
-            # The runs whose own record said "unknown": their S-SGD run finished after them.
-            "late": sum(
-                s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members)
-            ),
+            "late": late,
             "target": next((m["target_accuracy"] for m in members if m.get("target_accuracy")), None),
+            **_stats("acc", [m.get("test_acc") for m in members], 100),
+            **_stats("step", [m.get("steady_step_seconds") for m in members]),
             **_stats("speedup", speedups),
+            **_stats("hidden", [m.get("hidden_fraction") for m in members]),
+            **_stats("to_target", [m.get("time_to_target_seconds") for m in members]),
         }
-        for name, (key, scale) in _FIGURES.items():
-            row.update(_stats(name, [m.get(key) for m in members], scale))
         rows.append(row)
 
     def order(r: Row) -> tuple:
@@ -225,9 +214,8 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
         ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a study has more rows than the default 10 colours
         for name, points in lines.items():
             at, mean, *std = zip(*sorted(points, key=lambda p: p[0]))  # a timeline's points carry no std
-            ax.errorbar(
-                at, mean, yerr=std[0] if std else None, marker="o" if std else ".", capsize=3, label=name
-            )
+            bars = {"yerr": std[0], "marker": "o"} if std else {"marker": "."}
+            ax.errorbar(at, mean, capsize=3, label=name, **bars)
         for level, name in levels:
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
             ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
