@@ -46,7 +46,7 @@ def code_of(record: dict[str, Any]) -> str:
 
 
 def merge_variant(progress: float | None) -> str | None:
-    """"progress 0.5" for a CoCoD merge other than the default; run names and report labels add it."""
+    """A CoCoD merge other than the default as run names and report labels add it: "progress 0.5"."""
     from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
 
     return None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
