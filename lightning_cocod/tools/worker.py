@@ -18,6 +18,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -122,14 +123,16 @@ def make_data(spec: dict[str, Any], world_size: int) -> pl.LightningDataModule:
     if spec["data"] == "synthetic":
         # By default enough samples that no epoch boundary falls inside the timed steps;
         # proportional sampling re-splits at epoch boundaries, so it asks for short epochs.
-        samples = spec["batch_size"] * world_size * spec.get("epoch_steps", spec["steps"] + 1)
+        samples = spec["batch_size"] * world_size * (spec.get("epoch_steps") or spec["steps"] + 1)
         return SyntheticDataModule(
             num_samples=samples, batch_size=spec["batch_size"], seed=spec["seed"], num_eval_samples=64
         )
     raise ValueError(f"data {spec['data']!r} is not one of digits, synthetic")
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+    """Trains ``spec`` on this rank and returns its figures. ``callbacks`` are called before the
+    step timer at every hook: a device sync of theirs lands inside the step it waits for."""
     torch.set_num_threads(spec.get("threads", 1))
     method = spec["method"]
     rank, world_size = rank_and_world_size()
@@ -150,7 +153,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     timer = StepTimer()
     timeline = AccuracyTimeline(timer)
-    callbacks: list[pl.Callback] = [timer, timeline]
+    callbacks = [*callbacks, timer, timeline]
     if spec.get("progress_path") and rank == 0:
         # The launcher's rank, not the trainer's: in the bound every worker is a rank 0 of its own.
         callbacks.append(ProgressLine(spec["title"], every_s=1.0, path=spec["progress_path"]))
@@ -168,7 +171,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     trainer = build_trainer(
         **where["trainer"],
         strategy=make_strategy(method, spec.get("tau", 4), backend, spec.get("tau_max")),
-        precision=spec.get("precision", "32-true"),
+        precision=spec.get("precision") or "32-true",
         max_steps=spec.get("steps") or -1,
         max_epochs=spec.get("epochs"),
         limit_val_batches=1.0 if evaluate else 0,
