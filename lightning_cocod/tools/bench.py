@@ -86,13 +86,6 @@ def parse_rates(text: str) -> list[int | None]:
     return rates
 
 
-def parse_slowdown(text: str) -> list[float]:
-    try:
-        return [float(f) for f in text.split(",")]
-    except ValueError:
-        raise ValueError(f"--slowdown {text!r}: not a number; give one factor per rank, e.g. 1,2") from None
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
@@ -129,10 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--methods", default=",".join(METHODS), help="e.g. ssgd,cocod,cocod:auto,cocod:ps")
-    parser.add_argument(
-        "--slowdown", dest="slowdown_factors", default=None, type=option_type(parse_slowdown),
-        help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)",
-    )
+    parser.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)")
     parser.add_argument("--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)")
     parser.add_argument(
         "--repeats", type=int, default=1, help="passes over all runs; medians of per-pass ratios are reported"
@@ -147,14 +137,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.method_specs = [parse_method(m.strip(), args.tau) for m in args.methods.split(",") if m.strip()]
         if not args.method_specs:
             raise ValueError(f"--methods is empty; accepted: {', '.join(METHODS)}")
-        if args.slowdown_factors and len(args.worker_counts) > 1:
-            raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
-        if args.slowdown_factors:
+        args.slowdown_factors = None
+        if args.slowdown:
             from lightning_cocod.callbacks import check_slowdowns
 
-            args.slowdown_factors = check_slowdowns(args.slowdown_factors, args.worker_counts[0])
+            if len(args.worker_counts) > 1:
+                raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
+            factors = [float(f) for f in args.slowdown.split(",")]
+            args.slowdown_factors = check_slowdowns(factors, args.worker_counts[0])
     except ValueError as err:
-        parser.error(str(err))
+        parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
     if args.accelerator == "gpu" and args.topology != "loopback":
         parser.error("--topology pernode shapes CPU workers' links; with --accelerator gpu use the default")
     if args.one_device and args.accelerator != "gpu":
@@ -163,7 +155,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--width {args.width} is not understood: a positive width of --model small_cnn only")
     if args.rate_bps is None:  # NCCL between GPUs of one machine never crosses a shaped loopback.
         args.rate_bps = [None] if args.accelerator == "gpu" else [300_000_000]
-    args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]  # as the launchers read them
+    # As the launchers read them: tc's own spelling.
+    args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
     if any(m["proportional"] for m in args.method_specs) and args.epoch_steps is None:
         args.epoch_steps = 2 * args.tau  # proportional sampling re-splits at epoch boundaries
     args.warmup = args.tau if args.warmup is None else args.warmup
@@ -173,7 +166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.tau_max < 1:
             parser.error(f"--tau-max must be at least 1 (cocod:auto's longest period), got {args.tau_max}")
         if not auto:
-            parser.error(f"--tau-max bounds cocod:auto only, and --methods {args.methods!r} has none: add cocod:auto")
+            parser.error(
+                f"--tau-max bounds cocod:auto only, and --methods {args.methods!r} has none: add cocod:auto"
+            )
         for method in auto:
             method["tau_max"] = args.tau_max
     if args.steps < args.warmup + 2 * args.tau:
@@ -380,7 +375,8 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                     ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
                     f"{exposed:.3f}" if exposed is not None else "n/a",
                     f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
-                    f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)", f"{f['buffer_copies']:.1f}",
+                    f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
+                    f"{f['buffer_copies']:.1f}",
                 ])
     headers = [
         *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",
@@ -400,7 +396,8 @@ def scaling_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
         for bps in args.rate_bps
         for name in next(iter(by_workers.values()))["methods"]
     ]
-    return markdown_table(["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in by_workers)], rows)
+    headers = ["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in by_workers)]
+    return markdown_table(headers, rows)
 
 
 def plot_scaling(args: argparse.Namespace, figures: dict[str, Any], path: Path, title: str) -> None:
@@ -487,10 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     figures["model"] = validate(figures)
     (out / "bench.json").write_text(json.dumps(figures, indent=1))
 
-    sections = [results_table(args, figures), "", *(line for w, f in by_workers.items() for line in bound_lines(w, f))]
+    sections = [results_table(args, figures), ""]
+    sections += [line for workers, f in by_workers.items() for line in bound_lines(workers, f)]
     if several:
         sections += ["", scaling_table(args, figures)]
-    sections += ["", "performance model (cocod-plan) against the measurements:", "", validation_table(figures["model"])]
+    sections += ["", "performance model (cocod-plan) against the measurements:", ""]
+    sections.append(validation_table(figures["model"]))
     report = "\n".join(sections)
     print("\n" + report)
     (out / "table.md").write_text(report + "\n")

@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.epochs} epochs, batch {args.batch_size} per worker, tau={args.tau}; output in {out}\n")
 
     spec = {
-        "model": "small_cnn", "model_kwargs": {"width": args.width}, "data": "digits", "batch_size": args.batch_size,
-        "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True, "tau": args.tau,
+        "model": "small_cnn", "model_kwargs": {"width": args.width}, "data": "digits",
+        "batch_size": args.batch_size, "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True,
+        "tau": args.tau,
     }
-    results = {method: run_method({**spec, "method": method}, args.workers, args.rate, out) for method in args.methods}
+    results = {m: run_method({**spec, "method": m}, args.workers, args.rate, out) for m in args.methods}
     base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
     rows = [
         [
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results))
     png = out / "accuracy_vs_time.png"
-    with plot_file(png, "wall time (s)", "test accuracy (%)", f"{args.workers} workers, digits, {link}") as ax:
+    title = f"{args.workers} workers, digits, {link}"
+    with plot_file(png, "wall time (s)", "test accuracy (%)", title) as ax:
         for method, ranks in results.items():
             points = ranks[0]["timeline"]
             ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3,

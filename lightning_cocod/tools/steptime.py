@@ -114,7 +114,8 @@ class WindowSync(pl.Callback):
             torch.cuda.set_sync_debug_mode(0)
             self._catcher.__exit__(None, None, None)
             self._catcher = None
-            self.syncs.update(f"{r.filename}:{r.lineno}" for r in self._records if "synchroniz" in str(r.message))
+            syncs = (r for r in self._records if "synchroniz" in str(r.message))
+            self.syncs.update(f"{r.filename}:{r.lineno}" for r in syncs)
         if trainer.global_step in self.ends:
             synchronize(self.device)
 
@@ -228,23 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # the benchmark's workers run one thread each
-    options = {"precision": args.precision, "channels_last": args.channels_last}
     where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU (1 thread)"
+    # Both loops: the same network, batch, steps, device and number format.
+    same = {k: getattr(args, k) for k in ("model", "batch_size", "steps", "warmup", "device", "precision")}
+    same["channels_last"] = args.channels_last
     print(
         f"steptime: {args.model}, batch {args.batch_size}, {args.steps} timed steps after {args.warmup}, "
         f"{args.precision}{', channels_last' if args.channels_last else ''}, on {where}"
     )
-    bare = bare_loop_seconds(args.model, args.batch_size, args.steps, args.warmup, args.device, **options)
+    bare = bare_loop_seconds(**same)
     print(f"bare PyTorch loop:  {1000 * bare:8.2f} ms/step")
-    product, report = product_seconds(
-        args.model,
-        args.batch_size,
-        args.steps,
-        args.warmup,
-        args.device,
-        sync_report=args.sync_report,
-        **options,
-    )
+    product, report = product_seconds(**same, sync_report=args.sync_report)
     print(f"product (Trainer):  {1000 * product:8.2f} ms/step  = {product / bare:.2f}x the bare loop")
     figures: dict[str, Any] = {
         "args": {k: v for k, v in vars(args).items() if k != "device"},
