@@ -193,13 +193,6 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
     return table, advice
 
 
-def finite_rate(text: str) -> int:
-    bps = read_rate(text)
-    if bps is None:
-        raise ValueError(f"--bandwidth {text!r}: a plan needs a finite rate, e.g. 10gbit")
-    return bps
-
-
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's default in --help; an option whose default is worked out later (None here)
     says what it is in its own help."""
@@ -222,7 +215,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="worker count(s), e.g. 64 or 16,32,64,128,256",
     )
     parser.add_argument(
-        "--bandwidth", dest="bandwidth_bps", default="10gbit", type=option_type(finite_rate),
+        "--bandwidth", dest="bandwidth_bps", default="10gbit", type=option_type(read_rate),
         help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit",
     )
     parser.add_argument(
@@ -258,6 +251,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return args
     checks = [
         (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
+        (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate, e.g. 10gbit, not an unshaped link"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
         (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
         (args.overlap is None or 0 <= args.overlap <= 1, f"--overlap is a share of a step in [0, 1], got {args.overlap}"),
