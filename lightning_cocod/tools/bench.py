@@ -90,11 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
     parser.add_argument(
-        "--workers", dest="worker_counts", default="2", type=option_type(parse_worker_counts),
-        help="worker count, or several, e.g. 2,4,8",
+        "--workers", dest="worker_counts", metavar="WORKERS", default="2",
+        type=option_type(parse_worker_counts), help="worker count, or several, e.g. 2,4,8",
     )
     parser.add_argument(
-        "--rates", dest="rate_bps", default=None, type=option_type(parse_rates),
+        "--rates", dest="rate_bps", metavar="RATES", default=None, type=option_type(parse_rates),
         help="comma-separated link rates, e.g. 100mbit,1Gbps,10gbit, or none (default 300mbit on CPU, none on GPU)",
     )
     parser.add_argument(

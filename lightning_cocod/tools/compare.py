@@ -80,14 +80,8 @@ def method_label(spec: dict[str, Any]) -> str:
 
 
 def run_method(
-    spec: dict[str, Any],
-    workers: int,
-    rate: str | None,
-    out_dir: Path,
-    timeout_s: float = 1800,
-    suffix: str = "",
-    topology: str = "loopback",
-    latency: float | None = None,
+    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, timeout_s: float = 1800,
+    suffix: str = "", topology: str = "loopback", latency: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells

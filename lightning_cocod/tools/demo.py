@@ -28,7 +28,7 @@ DEFAULT_RATE = "100mbit"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--rate", dest="rate_bps", default=DEFAULT_RATE, type=option_type(read_rate),
+        "--rate", dest="rate_bps", metavar="RATE", default=DEFAULT_RATE, type=option_type(read_rate),
         help="link rate, e.g. 100mbit, 1Gbps, or 'none' (unshaped)",
     )
     parser.add_argument("--workers", type=int, default=2)

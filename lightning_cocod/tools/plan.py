@@ -211,16 +211,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--validate", metavar="BENCH_JSON", help="predict every run of a cocod-bench output")
     parser.add_argument(
-        "--workers", dest="worker_counts", default="16", type=option_type(parse_worker_counts),
-        help="worker count(s), e.g. 64 or 16,32,64,128,256",
+        "--workers", dest="worker_counts", metavar="WORKERS", default="16",
+        type=option_type(parse_worker_counts), help="worker count(s), e.g. 64 or 16,32,64,128,256",
     )
     parser.add_argument(
-        "--bandwidth", dest="bandwidth_bps", default="10gbit", type=option_type(read_rate),
+        "--bandwidth", dest="bandwidth_bps", metavar="RATE", default="10gbit", type=option_type(read_rate),
         help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit",
     )
     parser.add_argument(
-        "--latency", dest="latency_seconds", default="50us", type=option_type(parse_latency),
-        help="one-way latency of a message, e.g. 50us",
+        "--latency", dest="latency_seconds", metavar="LATENCY", default="50us",
+        type=option_type(parse_latency), help="one-way latency of a message, e.g. 50us",
     )
     parser.add_argument("--model", default="resnet18", choices=sorted(MODEL_BYTES), help="model preset")
     parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         return args
     checks = [
         (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
-        (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate, e.g. 10gbit, not an unshaped link"),
+        (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate (e.g. 10gbit), not none"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
         (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
         (args.overlap is None or 0 <= args.overlap <= 1, f"--overlap is a share of a step in [0, 1], got {args.overlap}"),

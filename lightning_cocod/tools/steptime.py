@@ -16,7 +16,6 @@ for the communication time a strategy reports.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -52,27 +51,17 @@ def synchronize(device: torch.device) -> None:
 
 
 def bare_loop_seconds(
-    model: str,
-    batch_size: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
-    precision: str = "32-true",
+    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
     channels_last: bool = False,
 ) -> float:
     """Seconds per step of the plainest loop over the same network and batch."""
     torch.manual_seed(0)
-    net = build_model(model, 10).to(device)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    net = net.to(memory_format=layout)
+    net = build_model(model, 10).to(device, memory_format=layout)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     x = torch.randn(batch_size, 3, 32, 32, device=device).contiguous(memory_format=layout)
     y = torch.randint(0, 10, (batch_size,), device=device)
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
-        if precision == "bf16-mixed"
-        else contextlib.nullcontext()
-    )
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
 
     def step() -> None:
         with autocast:
@@ -131,14 +120,8 @@ class WindowSync(pl.Callback):
 
 
 def product_seconds(
-    model: str,
-    batch_size: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
-    precision: str = "32-true",
-    channels_last: bool = False,
-    sync_report: bool = False,
+    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
+    channels_last: bool = False, sync_report: bool = False,
 ) -> tuple[float, dict[str, Any]]:
     """Seconds per step of the package's own pipeline, as the benchmark's bound runs it (one
     process, no process group), and the sync report (empty unless asked)."""
