@@ -193,8 +193,7 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
     ends = [e for e in round_ends(result) if e >= warmup]
     if len(ends) < 2:
         raise ValueError(f"fewer than two round ends after {warmup} warm-up steps ({ends}): run more steps")
-    t = result["step_ends"]
-    return (t[ends[-1] - 1] - t[ends[0] - 1]) / (ends[-1] - ends[0])
+    return steady_step_seconds(result["step_ends"][: ends[-1]], ends[0], period=ends[-1] - ends[0])
 
 
 def periods_after(history: list[list[int]], warmup: int) -> list[int] | None:
@@ -221,9 +220,7 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     over ranks; peak memory is the largest."""
 
     def pace(result: dict[str, Any]) -> float:
-        if periodic:
-            return steady_over_rounds(result, warmup)
-        return steady_step_seconds(result["step_ends"], warmup, 1)
+        return steady_over_rounds(result, warmup) if periodic else steady_step_seconds(result["step_ends"], warmup)
 
     comm = [r["comm"] for r in results if r.get("comm")]
     durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
