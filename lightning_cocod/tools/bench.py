@@ -79,13 +79,6 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     return spec
 
 
-def parse_rates(text: str) -> list[int | None]:
-    rates = [read_rate(r) for r in text.split(",") if r.strip()]
-    if not rates:
-        raise ValueError("--rates is empty; give at least one rate, e.g. 300mbit")
-    return rates
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
@@ -94,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=option_type(parse_worker_counts), help="worker count, or several, e.g. 2,4,8",
     )
     parser.add_argument(
-        "--rates", dest="rate_bps", metavar="RATES", default=None, type=option_type(parse_rates),
+        "--rates", default=None,
         help="comma-separated link rates, e.g. 100mbit,1Gbps,10gbit, or none (default 300mbit on CPU, none on GPU)",
     )
     parser.add_argument(
@@ -145,6 +138,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
             factors = [float(f) for f in args.slowdown.split(",")]
             args.slowdown_factors = check_slowdowns(factors, args.worker_counts[0])
+        if args.rates is None:  # NCCL between GPUs of one machine never crosses a shaped loopback.
+            args.rates = "none" if args.accelerator == "gpu" else "300mbit"
+        args.rate_bps = [read_rate(r) for r in args.rates.split(",") if r.strip()]
+        if not args.rate_bps:
+            raise ValueError("--rates is empty; give at least one rate, e.g. 300mbit")
     except ValueError as err:
         parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
     if args.accelerator == "gpu" and args.topology != "loopback":
@@ -153,8 +151,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--one-device puts GPU ranks on one device: use it with --accelerator gpu")
     if args.width is not None and (args.model != "small_cnn" or args.width < 1):
         parser.error(f"--width {args.width} is not understood: a positive width of --model small_cnn only")
-    if args.rate_bps is None:  # NCCL between GPUs of one machine never crosses a shaped loopback.
-        args.rate_bps = [None] if args.accelerator == "gpu" else [300_000_000]
     # As the launchers read them: tc's own spelling.
     args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
     if any(m["proportional"] for m in args.method_specs) and args.epoch_steps is None:
