@@ -2,6 +2,7 @@
 
 import json
 import socket
+import time
 import types
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightning_cocod.tools import steptime
+from lightning_cocod.callbacks import metrics
+from lightning_cocod.tools import steptime, worker
 
 
 @pytest.fixture(autouse=True)
@@ -19,12 +21,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def linear(name, classes):
+def linear(name, classes, **_):
     return nn.Sequential(nn.Flatten(), nn.Linear(3072, classes))
 
 
 def test_bare_and_product_timed_side_by_side(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(steptime, "build_model", linear)  # the timing, not the model, is under test
+    # The timing, not the model, is under test: the bare loop's and the product's (the worker's).
+    monkeypatch.setattr(steptime, "build_model", linear)
+    monkeypatch.setattr(worker, "build_model", linear)
     out = tmp_path / "steptime.json"
     args = ["--model", "small_cnn", "--batch-size", "8", "--steps", "3", "--warmup", "2", "--json", str(out)]
     assert steptime.main(args) == 0
@@ -42,9 +46,10 @@ def test_the_product_window_counts_exactly_the_timed_steps(monkeypatch):
     # gives another sum), whatever the machine's speed.
     from lightning_cocod.models import ClassifierModule
 
-    monkeypatch.setattr(steptime, "build_model", linear)
-    clock = [0.0]
-    monkeypatch.setattr(steptime, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(worker, "build_model", linear)
+    clock = [0.0]  # the step timer's clock
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic)
+    monkeypatch.setattr(metrics, "time", fake_time)
 
     original = ClassifierModule.training_step
 

@@ -48,16 +48,17 @@ from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC
 from lightning_cocod.tools.compare import (
     BOUND,
     BOUND_LABEL,
-    label,
     method_label,
-    new_axes,
+    option_type,
     parse_worker_counts,
+    plot_file,
     read_rate,
     require_at_least,
     run_method,
-    save_plot,
 )
 from lightning_cocod.tools.plan import validate, validation_table
+
+SSGD = METHODS["ssgd"].label
 
 
 def parse_method(token: str, default_tau: int) -> dict[str, Any]:
@@ -81,7 +82,10 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
-    parser.add_argument("--workers", default="2", help="worker count, or several, e.g. 2,4,8")
+    parser.add_argument(
+        "--workers", dest="worker_counts", metavar="WORKERS", default="2",
+        type=option_type(parse_worker_counts), help="worker count, or several, e.g. 2,4,8",
+    )
     parser.add_argument(
         "--rates", default=None,
         help="comma-separated link rates, e.g. 100mbit,1Gbps,10gbit, or none (default 300mbit on CPU, none on GPU)",
@@ -97,7 +101,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--topology", default="loopback", choices=TOPOLOGIES,
         help="loopback: one shaped link shared by all workers; pernode: a shaped link per worker, on a bridge",
     )
-    parser.add_argument("--latency", default=None, help="one-way delay added to every link, e.g. 50us (needs netem)")
+    parser.add_argument(
+        "--latency", default=None, type=option_type(parse_latency),
+        help="one-way delay added to every link, e.g. 50us (needs netem)",
+    )
     parser.add_argument("--width", type=int, default=None, help="small_cnn width (default 48)")
     parser.add_argument("--tau", type=int, default=4)
     parser.add_argument(
@@ -123,22 +130,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.method_specs = [parse_method(m.strip(), args.tau) for m in args.methods.split(",") if m.strip()]
         if not args.method_specs:
             raise ValueError(f"--methods is empty; accepted: {', '.join(METHODS)}")
-        args.worker_counts = parse_worker_counts(args.workers)
-        args.workers = args.worker_counts[0]
         args.slowdown_factors = None
         if args.slowdown:
             from lightning_cocod.callbacks import check_slowdowns
 
             if len(args.worker_counts) > 1:
                 raise ValueError("--slowdown gives one factor per rank: use it with a single --workers count")
-            args.slowdown_factors = check_slowdowns([float(f) for f in args.slowdown.split(",")], args.workers)
-        if args.rates is None:
-            # NCCL between GPUs of one machine never crosses a shaped loopback.
+            factors = [float(f) for f in args.slowdown.split(",")]
+            args.slowdown_factors = check_slowdowns(factors, args.worker_counts[0])
+        if args.rates is None:  # NCCL between GPUs of one machine never crosses a shaped loopback.
             args.rates = "none" if args.accelerator == "gpu" else "300mbit"
         args.rate_bps = [read_rate(r) for r in args.rates.split(",") if r.strip()]
-        # As the launchers read them: tc's own spelling.
-        args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
-        args.latency_seconds = parse_latency(args.latency)
+        if not args.rate_bps:
+            raise ValueError("--rates is empty; give at least one rate, e.g. 300mbit")
     except ValueError as err:
         parser.error(str(err).replace("could not convert string to float", "--slowdown: not a number"))
     if args.accelerator == "gpu" and args.topology != "loopback":
@@ -147,10 +151,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--one-device puts GPU ranks on one device: use it with --accelerator gpu")
     if args.width is not None and (args.model != "small_cnn" or args.width < 1):
         parser.error(f"--width {args.width} is not understood: a positive width of --model small_cnn only")
+    # As the launchers read them: tc's own spelling.
+    args.rate_list = [format_rate(bps) if bps else "none" for bps in args.rate_bps]
     if any(m["proportional"] for m in args.method_specs) and args.epoch_steps is None:
         args.epoch_steps = 2 * args.tau  # proportional sampling re-splits at epoch boundaries
-    if not args.rate_list:
-        parser.error("--rates is empty; give at least one rate, e.g. 300mbit")
     args.warmup = args.tau if args.warmup is None else args.warmup
     require_at_least(parser, args, tau=1, batch_size=1, warmup=1, repeats=1, bound_every=1)
     if args.tau_max is not None:
@@ -185,8 +189,7 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
     ends = [e for e in round_ends(result) if e >= warmup]
     if len(ends) < 2:
         raise ValueError(f"fewer than two round ends after {warmup} warm-up steps ({ends}): run more steps")
-    t = result["step_ends"]
-    return (t[ends[-1] - 1] - t[ends[0] - 1]) / (ends[-1] - ends[0])
+    return steady_step_seconds(result["step_ends"][: ends[-1]], ends[0], period=ends[-1] - ends[0])
 
 
 def periods_after(history: list[list[int]], warmup: int) -> list[int] | None:
@@ -213,9 +216,7 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     over ranks; peak memory is the largest."""
 
     def pace(result: dict[str, Any]) -> float:
-        if periodic:
-            return steady_over_rounds(result, warmup)
-        return steady_step_seconds(result["step_ends"], warmup, 1)
+        return steady_over_rounds(result, warmup) if periodic else steady_step_seconds(result["step_ends"], warmup)
 
     comm = [r["comm"] for r in results if r.get("comm")]
     durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
@@ -249,21 +250,19 @@ def workers_line(args: argparse.Namespace) -> str:
 
     from lightning_cocod.tools.worker import describe_placement, placement
 
-    counts = args.worker_counts
-    layout = placement("gpu", "cocod", counts[0], 0, torch.cuda.device_count(), args.one_device)["record"]
-    return f"GPU ranks: {describe_placement(layout)}"
+    layout = placement("gpu", "cocod", args.worker_counts[0], 0, torch.cuda.device_count(), args.one_device)
+    return f"GPU ranks: {describe_placement(layout['record'])}"
 
 
 def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> bool:
     rates = [r for r in rates if r]  # an unshaped run has no place on a rate axis
     if not rates:
         return False
-    fig, ax = new_axes()
-    for name, by_rate in figures["methods"].items():
-        ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
-    ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label=BOUND_LABEL)
-    ax.set_xscale("log")
-    save_plot(fig, ax, path, "link rate (bit/s)", "step time (s)", title)
+    with plot_file(path, "link rate (bit/s)", "step time (s)", title) as ax:
+        for name, by_rate in figures["methods"].items():
+            ax.plot(rates, [by_rate[str(r)]["step_seconds"] for r in rates], marker="o", label=name)
+        ax.axhline(figures["bound"]["step_seconds"], color="k", ls="--", label=BOUND_LABEL)
+        ax.set_xscale("log")
     return True
 
 
@@ -273,32 +272,32 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
     every ratio is to the median of the pass's bounds. Measured once, the bound of this machine
     ranges over 1.2-2.0 s per step for ResNet18 within ten minutes; interleaved and medianed,
     neither drift nor one slow run decides a ratio."""
-    workers = workers or args.workers
-    warmup = args.warmup
+    workers = workers or args.worker_counts[0]
     planned = (0 if args.no_overhead else 1) + len(args.rate_list) * len(args.method_specs)
-
-    def run_bound(index: int) -> dict[str, Any]:
-        runs = run_method({**spec, "method": BOUND}, workers, None, out, suffix=f"-{index}")
-        return summarize(runs, warmup, False)
-
-    bounds = [run_bound(1)]
-    figures: dict[str, Any] = {"methods": {}}
+    bounds: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
+
+    def run_bound() -> None:
+        results = run_method({**spec, "method": BOUND}, workers, None, out, suffix=f"-{len(bounds) + 1}")
+        bounds.append(summarize(results, args.warmup, False))
 
     def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
         results = run_method(run_spec, workers, rate, out, topology=args.topology, latency=args.latency)
-        runs.append(summarize(results, warmup, periodic))
+        runs.append(summarize(results, args.warmup, periodic))
         if len(runs) % args.bound_every == 0 or len(runs) == planned:
-            bounds.append(run_bound(len(bounds) + 1))
+            run_bound()
         return runs[-1]
 
+    run_bound()
+    figures: dict[str, Any] = {"methods": {}}
     if not args.no_overhead:
         figures["overhead"] = run({**spec, "method": "cocod", "tau": args.steps + 1}, None, periodic=False)
     for rate, bps in zip(args.rate_list, args.rate_bps):
         for method in args.method_specs:
-            result = run({**spec, **method}, rate, method["method"] in PERIODIC)
+            periodic = method["method"] in PERIODIC
+            result = run({**spec, **method}, rate, periodic)
             # What the run was, for the performance model (plan.validate) to predict it.
-            result.update(method=method["method"], tau=method["tau"] if method["method"] in PERIODIC else None)
+            result.update(method=method["method"], tau=method["tau"] if periodic else None)
             if method["tau"] == "auto":
                 result["tau_max"] = method.get("tau_max", SAFE_TAU_MAX)
             if result["taus"] is None and isinstance(result["tau"], int):
@@ -308,7 +307,7 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
     for result in runs:
         result["vs_bound"] = result["step_seconds"] / bound_seconds
     for bps in map(str, args.rate_bps):
-        ssgd = figures["methods"].get(label("ssgd"), {}).get(bps)
+        ssgd = figures["methods"].get(SSGD, {}).get(bps)
         for by_rate in figures["methods"].values():
             by_rate[bps]["vs_ssgd"] = ssgd["step_seconds"] / by_rate[bps]["step_seconds"] if ssgd else None
     figures["bound"] = {
@@ -362,12 +361,13 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
             for name, by_rate in by_workers["methods"].items():
                 f = by_rate[str(bps)]
                 extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
+                exposed, hidden = f["exposed_seconds_per_step"], f["hidden_fraction"]
                 rows.append([
                     *([workers] if several else []), format_rate(bps), name,
                     ", ".join(map(str, f["taus"])) if f.get("taus") else "", f"{f['step_seconds']:.3f}",
                     ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
-                    f"{f['exposed_seconds_per_step']:.3f}" if f["exposed_seconds_per_step"] is not None else "n/a",
-                    f"{100 * f['hidden_fraction']:.0f}%" if f["hidden_fraction"] is not None else "n/a",
+                    f"{exposed:.3f}" if exposed is not None else "n/a",
+                    f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
                     f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
                     f"{f['buffer_copies']:.1f}",
                 ])
@@ -380,55 +380,66 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
 
 def scaling_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     """Speedup over S-SGD (and the step against the bound) at each worker count."""
-    counts = list(figures["workers"])
-    first = figures["workers"][counts[0]]["methods"]
-    rows = []
-    for bps in args.rate_bps:
-        for name in first:
-            cells = []
-            for workers in counts:
-                f = figures["workers"][workers]["methods"][name][str(bps)]
-                cells.append(f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)")
-            rows.append([format_rate(bps), name, *cells])
-    headers = ["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in counts)]
+    by_workers = figures["workers"]
+    rows = [
+        [format_rate(bps), name, *(
+            f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)"
+            for f in (by_workers[n]["methods"][name][str(bps)] for n in by_workers)
+        )]
+        for bps in args.rate_bps
+        for name in next(iter(by_workers.values()))["methods"]
+    ]
+    headers = ["link", "method", *(f"{n} workers: vs S-SGD (vs bound)" for n in by_workers)]
     return markdown_table(headers, rows)
 
 
 def plot_scaling(args: argparse.Namespace, figures: dict[str, Any], path: Path, title: str) -> None:
     """Speedup over S-SGD against workers: a colour per method, a line style per rate."""
     counts = [int(n) for n in figures["workers"]]
-    fig, ax = new_axes()
+    names = [n for n in figures["workers"][str(counts[0])]["methods"] if n != SSGD]
     styles = ["-", "--", ":", "-."]
-    names = [n for n in figures["workers"][str(counts[0])]["methods"] if n != label("ssgd")]
-    for index, bps in enumerate(args.rate_bps):
-        for colour, name in enumerate(names):
-            speedups = [figures["workers"][str(n)]["methods"][name][str(bps)]["vs_ssgd"] for n in counts]
-            if None not in speedups:
-                ax.plot(counts, speedups, marker="o", color=f"C{colour}", ls=styles[index % len(styles)],
-                        label=f"{name} @ {format_rate(bps)}")
-    ax.axhline(1.0, color="k", lw=1, label=label("ssgd"))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(counts, [str(n) for n in counts])
-    save_plot(fig, ax, path, "workers", "speedup over S-SGD (step time ratio)", title)
+    with plot_file(path, "workers", "speedup over S-SGD (step time ratio)", title) as ax:
+        for index, bps in enumerate(args.rate_bps):
+            for colour, name in enumerate(names):
+                speedups = [figures["workers"][str(n)]["methods"][name][str(bps)]["vs_ssgd"] for n in counts]
+                if None not in speedups:
+                    ax.plot(counts, speedups, marker="o", color=f"C{colour}", ls=styles[index % len(styles)],
+                            label=f"{name} @ {format_rate(bps)}")
+        ax.axhline(1.0, color="k", lw=1, label=SSGD)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])
+
+
+def bound_lines(workers: str, f: dict[str, Any]) -> list[str]:
+    """The bound of one worker count, and the strategy's overhead when it was measured."""
+    bound = f["bound"]
+    lines = [(
+        f"{workers} workers: bound (compute only) {bound['step_seconds']:.3f} s/step, peak RSS "
+        f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.2f} MB"
+    )]
+    if "overhead" in f:
+        o, spread = f["overhead"], f["overhead"].get("vs_bound_range")
+        lines.append(
+            f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
+            f"{100 * (o['vs_bound'] - 1):+.1f}% vs the bound"
+            + (f" (passes: {100 * (spread[0] - 1):+.1f}% to {100 * (spread[1] - 1):+.1f}%)" if spread else "")
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     spec = {
-        "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05,
-        "seed": 0, "steps": args.steps, "evaluate": False, "tau": args.tau, "slowdown": args.slowdown_factors,
+        "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05, "seed": 0,
+        "steps": args.steps, "evaluate": False, "tau": args.tau, "slowdown": args.slowdown_factors,
+        "epoch_steps": args.epoch_steps, "model_kwargs": {"width": args.width} if args.width else {},
+        "accelerator": args.accelerator, "one_device": args.one_device, "channels_last": args.channels_last,
+        "precision": args.precision,
     }
-    if args.epoch_steps:
-        spec["epoch_steps"] = args.epoch_steps
-    if args.width:
-        spec["model_kwargs"] = {"width": args.width}
-    spec.update(accelerator=args.accelerator, one_device=args.one_device, channels_last=args.channels_last)
-    if args.precision:
-        spec["precision"] = args.precision
     links = (
         "one shared loopback" if args.topology == "loopback" else "a link per worker (both ways) on a bridge"
-    ) + (f", {format_latency(args.latency_seconds)} one-way delay added" if args.latency_seconds else "")
+    ) + (f", {format_latency(args.latency)} one-way delay added" if args.latency else "")
     print(
         f"cocod-bench: {args.model}, {', '.join(map(str, args.worker_counts))} {workers_line(args)}, "
         f"batch {args.batch_size}/worker, {args.steps} steps (first {args.warmup} discarded), tau={args.tau}, "
@@ -448,53 +459,40 @@ def main(argv: list[str] | None = None) -> int:
         else "round trip not measured (no private network: links unshaped)\n"
     )
     out.mkdir(parents=True, exist_ok=True)
+    several = len(args.worker_counts) > 1
     by_workers = {}
     for workers in args.worker_counts:
-        base = out / f"workers{workers}" if len(args.worker_counts) > 1 else out
+        base = out / f"workers{workers}" if several else out
         passes = []
         for index in range(args.repeats):
-            if args.repeats > 1 or len(args.worker_counts) > 1:
+            if args.repeats > 1 or several:
                 print(f"{workers} workers, pass {index + 1}/{args.repeats}")
             passes.append(measure(args, spec, base / f"pass{index + 1}" if args.repeats > 1 else base, workers))
         by_workers[str(workers)] = {**combine(passes), "passes": passes}
     figures = {
         "args": dict(vars(args)),
-        "link": {"topology": args.topology, "latency_seconds": args.latency_seconds, "round_trip_seconds": rtt},
+        "link": {"topology": args.topology, "latency_seconds": args.latency, "round_trip_seconds": rtt},
         "workers": by_workers,
     }
-    validation = validate(figures)
-    figures["model"] = validation
+    figures["model"] = validate(figures)
     (out / "bench.json").write_text(json.dumps(figures, indent=1))
 
-    lines = []
-    for workers, f in by_workers.items():
-        bound = f["bound"]
-        lines.append(
-            f"{workers} workers: bound (compute only) {bound['step_seconds']:.3f} s/step, peak RSS "
-            f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.2f} MB"
-        )
-        if "overhead" in f:
-            o = f["overhead"]
-            spread = o.get("vs_bound_range")
-            lines.append(
-                f"strategy overhead (CoCoD, unshaped, no round completes): {o['step_seconds']:.3f} s/step = "
-                f"{100 * (o['vs_bound'] - 1):+.1f}% vs the bound"
-                + (f" (passes: {100 * (spread[0] - 1):+.1f}% to {100 * (spread[1] - 1):+.1f}%)" if spread else "")
-            )
-    sections = [results_table(args, figures), "", *lines]
-    if len(args.worker_counts) > 1:
+    sections = [results_table(args, figures), ""]
+    sections += [line for workers, f in by_workers.items() for line in bound_lines(workers, f)]
+    if several:
         sections += ["", scaling_table(args, figures)]
-    sections += ["", "performance model (cocod-plan) against the measurements:", "", validation_table(validation)]
+    sections += ["", "performance model (cocod-plan) against the measurements:", ""]
+    sections.append(validation_table(figures["model"]))
     report = "\n".join(sections)
     print("\n" + report)
     (out / "table.md").write_text(report + "\n")
     title = f"{args.model}, tau={args.tau}, {args.topology} links"
     plots = []
     for workers, f in by_workers.items():
-        name = "step_time_vs_rate.png" if len(by_workers) == 1 else f"step_time_vs_rate_{workers}workers.png"
-        if plot(f, args.rate_bps, out / name, f"{title}, {workers} workers"):
-            plots.append(out / name)
-    if len(by_workers) > 1:
+        path = out / (f"step_time_vs_rate_{workers}workers.png" if several else "step_time_vs_rate.png")
+        if plot(f, args.rate_bps, path, f"{title}, {workers} workers"):
+            plots.append(path)
+    if several:
         plot_scaling(args, figures, out / "speedup_vs_workers.png", title)
         plots.append(out / "speedup_vs_workers.png")
     shown = ", ".join(map(str, plots)) or "none (no shaped rate, one worker count)"

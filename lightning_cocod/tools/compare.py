@@ -1,17 +1,19 @@
-"""What the measurement tools share: how a run is named, the options they read alike (link rates
-as people write them, worker counts, least values), one method's workers run with a progress
-line, and the plots.
+"""What the measurement tools share: the bound's name, the options they read alike (link rates as
+people write them, worker counts, least values), one method's workers run with a progress line,
+and the plot files.
 
-Imports no torch and no Lightning (``cocod-plan`` reads its rates here); matplotlib only to plot.
+Imports no torch and no Lightning (``cocod-plan`` reads its options here); matplotlib only to plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import re
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +27,18 @@ BOUND_LABEL = "compute only (bound)"
 _RATE = re.compile(r"(\d+(?:\.\d+)?)([kmg])(?:bit|bps)", re.IGNORECASE)
 
 
-def label(method: str, tau: int | str | None = None) -> str:
-    """The table's label of a method ("CoCoD-SGD tau=4"), or the bound's."""
-    return BOUND_LABEL if method == BOUND else methods.label(method, tau)
+def option_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: its ValueError becomes the option's one-line error, where
+    argparse would say only "invalid value"."""
 
+    @functools.wraps(parse)
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
-def method_label(spec: dict[str, Any]) -> str:
-    """The label of a run's spec: its period, a raised bound of tau="auto" (its runs are not the
-    default's: the bound changes what tau="auto" may choose), proportional sampling."""
-    text = label(spec["method"], spec.get("tau"))
-    text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
-    return text + (" +PS" if spec.get("proportional") else "")
+    return convert
 
 
 def read_rate(text: str) -> int | None:
@@ -65,15 +68,20 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
 
 
+def method_label(spec: dict[str, Any]) -> str:
+    """The table's label of a run's spec: the method and its period ("CoCoD-SGD tau=4"), a raised
+    bound of tau="auto" (its runs are not the default's: the bound changes what tau="auto" may
+    choose), proportional sampling; or the bound's label."""
+    if spec["method"] == BOUND:
+        return BOUND_LABEL
+    text = methods.label(spec["method"], spec.get("tau"))
+    text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
+    return text + (" +PS" if spec.get("proportional") else "")
+
+
 def run_method(
-    spec: dict[str, Any],
-    workers: int,
-    rate: str | None,
-    out_dir: Path,
-    timeout_s: float = 1800,
-    suffix: str = "",
-    topology: str = "loopback",
-    latency: str | None = None,
+    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, timeout_s: float = 1800,
+    suffix: str = "", topology: str = "loopback", latency: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
@@ -87,39 +95,29 @@ def run_method(
     relay = ProgressRelay(run_dir / "progress.txt", title, every_s=5.0, show=show)
     spec = {**spec, "progress_path": str(relay.path), "title": title}
     results = launch_workers(
-        "lightning_cocod.tools.worker",
-        workers,
-        rate,
-        [json.dumps(spec)],
-        timeout_s=timeout_s,
-        output_dir=run_dir,
-        name_prefix="cocod-cmp",
-        on_tick=relay.tick,
-        topology=topology,
-        latency=latency,
+        "lightning_cocod.tools.worker", workers, rate, [json.dumps(spec)], timeout_s=timeout_s,
+        output_dir=run_dir, name_prefix="cocod-cmp", on_tick=relay.tick, topology=topology, latency=latency,
     )
     (run_dir / "results.json").write_text(json.dumps(results))
     show(f"{title}: done in {time.monotonic() - relay.started:.0f} s")
     return results
 
 
-def new_axes() -> tuple[Any, Any]:
+@contextlib.contextmanager
+def plot_file(path: Path, xlabel: str, ylabel: str, title: str) -> Iterator[Any]:
+    """The axes to draw on; on leaving, labelled, with a grid and a legend, saved to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on the machines this runs on
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(7, 4.5))
-
-
-def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> None:
-    import matplotlib.pyplot as plt
-
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        yield ax
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)

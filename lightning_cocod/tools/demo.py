@@ -16,8 +16,8 @@ from typing import Any
 
 from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch import format_rate
-from lightning_cocod.methods import METHODS
-from lightning_cocod.tools.compare import label, new_axes, read_rate, require_at_least, run_method, save_plot
+from lightning_cocod.methods import METHODS, label
+from lightning_cocod.tools.compare import option_type, plot_file, read_rate, require_at_least, run_method
 
 # SmallCNN on 8x8 digits: ~30 ms per step per worker here (2 workers on 2 cores), 0.59 MB of
 # parameters. On a 100 Mbit/s link shared by both directions an all-reduce moves about twice
@@ -27,7 +27,10 @@ DEFAULT_RATE = "100mbit"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", default=DEFAULT_RATE, help="link rate, e.g. 100mbit, 1Gbps, or 'none' (unshaped)")
+    parser.add_argument(
+        "--rate", dest="rate_bps", metavar="RATE", default=DEFAULT_RATE, type=option_type(read_rate),
+        help="link rate, e.g. 100mbit, 1Gbps, or 'none' (unshaped)",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and CoCoD-SGD")
@@ -42,11 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad or not args.methods:
         parser.error(f"--methods {','.join(bad) or '(empty)'} not understood; accepted: {', '.join(METHODS)}")
     require_at_least(parser, args, workers=2, epochs=1, tau=1, batch_size=1, width=1)
-    try:
-        args.rate_bps = read_rate(args.rate)
-        args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
-    except ValueError as err:
-        parser.error(str(err))
+    args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
     return args
 
 
@@ -64,13 +63,6 @@ def hidden_share(results: list[dict[str, Any]]) -> str:
     return f"{100 * max(0.0, 1 - exposed / total):.0f}%" if total > 0 else "n/a"
 
 
-def plot(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
-    fig, ax = new_axes()
-    for name, points in curves.items():
-        ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3, label=name)
-    save_plot(fig, ax, path, "wall time (s)", "test accuracy (%)", title)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -79,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     params = sum(p.numel() for p in SmallCNN(in_channels=1, num_classes=10, width=args.width).parameters())
     megabytes = params * 4 / 1e6
-    link = format_rate(args.rate_bps) if args.rate_bps else "unshaped loopback"
+    link = args.rate or "unshaped loopback"
     print(f"CoCoD-SGD demo: {args.workers} CPU workers (gloo), handwritten digits (1,437 train / 360 test)")
     print(f"model: SmallCNN width {args.width}, {params:,} parameters = {megabytes:.2f} MB per all-reduce")
     if args.rate_bps:
@@ -90,41 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.epochs} epochs, batch {args.batch_size} per worker, tau={args.tau}; output in {out}\n")
 
     spec = {
-        "model": "small_cnn",
-        "model_kwargs": {"width": args.width},
-        "data": "digits",
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "seed": 0,
-        "epochs": args.epochs,
-        "evaluate": True,
+        "model": "small_cnn", "model_kwargs": {"width": args.width}, "data": "digits",
+        "batch_size": args.batch_size, "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True,
         "tau": args.tau,
     }
-    results = {}
-    for method in args.methods:
-        results[method] = run_method({**spec, "method": method}, args.workers, args.rate, out)
-
+    results = {m: run_method({**spec, "method": m}, args.workers, args.rate, out) for m in args.methods}
     base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
-    rows = []
-    for method, ranks in results.items():
-        wall = wall_seconds(ranks[0])
-        rows.append([
-            label(method, args.tau),
-            f"{100 * ranks[0]['test_acc']:.1f}%",
-            f"{wall:.1f} s",
-            f"{base / wall:.2f}x" if base else "n/a",
-            hidden_share(ranks),
-        ])
+    rows = [
+        [
+            label(method, args.tau), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
+            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks),
+        ]
+        for method, ranks in results.items()
+    ]
     table = markdown_table(["method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden"], rows)
     print("\n" + table)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results))
     png = out / "accuracy_vs_time.png"
-    plot(
-        {label(m, args.tau): r[0]["timeline"] for m, r in results.items()},
-        png,
-        f"{args.workers} workers, digits, {link}",
-    )
+    title = f"{args.workers} workers, digits, {link}"
+    with plot_file(png, "wall time (s)", "test accuracy (%)", title) as ax:
+        for method, ranks in results.items():
+            points = ranks[0]["timeline"]
+            ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3,
+                    label=label(method, args.tau))
     print(f"\nplot: {png}\ntable: {out / 'table.md'}")
     return 0
 

@@ -50,8 +50,8 @@ from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
 from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
-from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC
-from lightning_cocod.tools.compare import BOUND, label, parse_worker_counts, read_rate
+from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC, label
+from lightning_cocod.tools.compare import BOUND, BOUND_LABEL, option_type, parse_worker_counts, read_rate
 
 # fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
 # methods average with them; classes of CIFAR-10 unless named.
@@ -110,20 +110,12 @@ def allreduce_seconds(s: Setting, nbytes: float | None = None) -> float:
 
 @cache
 def expected_max_of_normals(n: int) -> float:
-    """E[max of n independent standard normals] (0 for n=1), by Simpson's rule."""
+    """E[max of n independent standard normals] (0 for n=1), by Simpson's rule over [-9, 9]."""
     if n <= 1:
         return 0.0
-    lo, hi, steps = -9.0, 9.0, 3600
-    h = (hi - lo) / steps
-
-    def density_of_max(x: float) -> float:
-        pdf = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-        cdf = 0.5 * (1 + math.erf(x / math.sqrt(2)))
-        return x * n * pdf * cdf ** (n - 1)
-
-    total = density_of_max(lo) + density_of_max(hi)
-    total += sum((4 if i % 2 else 2) * density_of_max(lo + i * h) for i in range(1, steps))
-    return total * h / 3
+    normal, h = statistics.NormalDist(), 18 / 3600
+    f = [x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) for x in (-9 + i * h for i in range(3601))]
+    return h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
 
 
 def _compute(s: Setting, barrier_every: int) -> float:
@@ -180,7 +172,7 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
     for method, period in entries:
         seconds, used = predict(s, method, period if period is not None else 1, tau_max)
         bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
-        name = label(method, period) + bounded
+        name = (BOUND_LABEL if method == BOUND else label(method, period)) + bounded
         rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
     table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
     best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
@@ -218,9 +210,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--step-ms", type=float, help="compute time of one step, ms"
     )
     parser.add_argument("--validate", metavar="BENCH_JSON", help="predict every run of a cocod-bench output")
-    parser.add_argument("--workers", default="16", help="worker count(s), e.g. 64 or 16,32,64,128,256")
-    parser.add_argument("--bandwidth", default="10gbit", help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit")
-    parser.add_argument("--latency", default="50us", help="one-way latency of a message, e.g. 50us")
+    parser.add_argument(
+        "--workers", dest="worker_counts", metavar="WORKERS", default="16",
+        type=option_type(parse_worker_counts), help="worker count(s), e.g. 64 or 16,32,64,128,256",
+    )
+    parser.add_argument(
+        "--bandwidth", dest="bandwidth_bps", metavar="RATE", default="10gbit", type=option_type(read_rate),
+        help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit",
+    )
+    parser.add_argument(
+        "--latency", dest="latency_seconds", metavar="LATENCY", default="50us",
+        type=option_type(parse_latency), help="one-way latency of a message, e.g. 50us",
+    )
     parser.add_argument("--model", default="resnet18", choices=sorted(MODEL_BYTES), help="model preset")
     parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and fixed-period CoCoD-SGD")
@@ -248,16 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--tau-max must be at least 1 (the longest period of tau=\"auto\"), got {args.tau_max}")
     if args.validate:
         return args
-    try:
-        args.worker_counts = parse_worker_counts(args.workers)
-        args.bandwidth_bps = read_rate(args.bandwidth)
-        if args.bandwidth_bps is None:
-            raise ValueError(f"--bandwidth {args.bandwidth!r}: a plan needs a finite rate, e.g. 10gbit")
-        args.latency_seconds = parse_latency(args.latency) or 0.0
-    except ValueError as err:
-        parser.error(str(err))
     checks = [
         (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
+        (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate (e.g. 10gbit), not none"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
         (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
         (args.overlap is None or 0 <= args.overlap <= 1, f"--overlap is a share of a step in [0, 1], got {args.overlap}"),
@@ -290,15 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cocod-plan: {args.model_bytes and 'a model' or args.model} of {model_bytes / 1e6:.1f} MB, "
         f"{args.step_ms:g} ms of compute per step, {format_rate(args.bandwidth_bps)} per node "
-        f"({args.topology}), {format_latency(args.latency_seconds or None)} latency, jitter {args.jitter:g}, "
+        f"({args.topology}), {format_latency(args.latency_seconds)} latency, jitter {args.jitter:g}, "
         f"S-SGD overlap {overlap:g} of a step, round's own work {1e3 * round_seconds:.2f} ms, "
         f"link efficiency {args.efficiency:.3f}, tau=\"auto\" within tau_max {tau_max}"
     )
     for workers in args.worker_counts:
         s = Setting(
             step_seconds=args.step_ms / 1e3, model_bytes=model_bytes, workers=workers,
-            bandwidth_bps=args.bandwidth_bps, latency_seconds=args.latency_seconds, round_seconds=round_seconds,
-            overlap=overlap, jitter=args.jitter, efficiency=args.efficiency, topology=args.topology,
+            bandwidth_bps=args.bandwidth_bps, latency_seconds=args.latency_seconds or 0.0,
+            round_seconds=round_seconds, overlap=overlap, jitter=args.jitter, efficiency=args.efficiency,
+            topology=args.topology,
         )
         table, advice = plan_table(s, args.tau, tau_max)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")

@@ -16,7 +16,6 @@ for the communication time a strategy reports.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -32,18 +31,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lightning_cocod.callbacks import ProgressLine
-from lightning_cocod.data import SyntheticDataModule
+from lightning_cocod.figures import steady_step_seconds
 from lightning_cocod.launch import launch_workers, rank_and_world_size
-from lightning_cocod.models import MODEL_NAMES, ClassifierModule, build_model
-from lightning_cocod.tools.compare import require_at_least
-from lightning_cocod.tools.worker import check_accelerator, placement
-from lightning_cocod.trainer import build_trainer
+from lightning_cocod.models import MODEL_NAMES, build_model
+from lightning_cocod.tools import worker
+from lightning_cocod.tools.compare import BOUND, require_at_least
 
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def device_for(accelerator: str, index: int = 0) -> torch.device:
-    check_accelerator(accelerator, torch.cuda.device_count() if accelerator == "gpu" else 0)
+    worker.check_accelerator(accelerator, torch.cuda.device_count() if accelerator == "gpu" else 0)
     return torch.device("cpu") if accelerator == "cpu" else torch.device("cuda", index)
 
 
@@ -53,27 +51,17 @@ def synchronize(device: torch.device) -> None:
 
 
 def bare_loop_seconds(
-    model: str,
-    batch_size: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
-    precision: str = "32-true",
+    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
     channels_last: bool = False,
 ) -> float:
     """Seconds per step of the plainest loop over the same network and batch."""
     torch.manual_seed(0)
-    net = build_model(model, 10).to(device)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    net = net.to(memory_format=layout)
+    net = build_model(model, 10).to(device, memory_format=layout)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     x = torch.randn(batch_size, 3, 32, 32, device=device).contiguous(memory_format=layout)
     y = torch.randint(0, 10, (batch_size,), device=device)
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
-        if precision == "bf16-mixed"
-        else contextlib.nullcontext()
-    )
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
 
     def step() -> None:
         with autocast:
@@ -92,80 +80,59 @@ def bare_loop_seconds(
     return (time.perf_counter() - started) / steps
 
 
-class WindowTimer(pl.Callback):
-    """Times optimizer steps warmup+1 .. warmup+steps with a device sync at each end only; with
-    ``sync_report`` (CUDA) the warm-up's second half runs with CUDA's sync debugging on and every
-    synchronizing call is counted by the Python line that made it."""
+class WindowSync(pl.Callback):
+    """Synchronizes the device at the two ends of the timed window, before the StepTimer listed
+    after it reads the clock; with ``sync_report`` (CUDA) the warm-up's second half runs with
+    CUDA's sync debugging on and every synchronizing call is counted by the Python line that made it."""
 
     def __init__(self, warmup: int, steps: int, device: torch.device, sync_report: bool = False) -> None:
-        self.warmup, self.steps, self.device = warmup, steps, device
-        self.sync_report = sync_report and device.type == "cuda" and warmup >= 2
-        self.started = self.ended = 0.0
+        self.ends, self.device = (warmup, warmup + steps), device
+        self.report_from = warmup // 2 if sync_report and device.type == "cuda" and warmup >= 2 else None
         self.syncs: Counter[str] = Counter()
-        self.reported_steps = 0
         self._catcher: Any = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.sync_report and trainer.global_step == self.warmup // 2:
+        if trainer.global_step == self.report_from:
             self._catcher = warnings.catch_warnings(record=True)
             self._records = self._catcher.__enter__()
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.warmup:
-            if self._catcher is not None:
-                torch.cuda.set_sync_debug_mode(0)
-                self._catcher.__exit__(None, None, None)
-                self.reported_steps = self.warmup - self.warmup // 2
-                for record in self._records:
-                    if "synchroniz" in str(record.message):
-                        self.syncs[f"{record.filename}:{record.lineno}"] += 1
-                self._catcher = None
+        if trainer.global_step == self.ends[0] and self._catcher is not None:
+            torch.cuda.set_sync_debug_mode(0)
+            self._catcher.__exit__(None, None, None)
+            self._catcher = None
+            syncs = (r for r in self._records if "synchroniz" in str(r.message))
+            self.syncs.update(f"{r.filename}:{r.lineno}" for r in syncs)
+        if trainer.global_step in self.ends:
             synchronize(self.device)
-            self.started = time.perf_counter()
-        elif trainer.global_step == self.warmup + self.steps:
-            synchronize(self.device)
-            self.ended = time.perf_counter()
+
+    def report(self) -> dict[str, Any]:
+        if self.report_from is None:
+            return {}
+        steps = self.ends[0] - self.report_from
+        return {
+            "steps": steps,
+            "syncs_per_step": sum(self.syncs.values()) / steps,
+            "by_line": dict(self.syncs.most_common(10)),
+        }
 
 
 def product_seconds(
-    model: str,
-    batch_size: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
-    precision: str = "32-true",
-    channels_last: bool = False,
-    sync_report: bool = False,
+    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
+    channels_last: bool = False, sync_report: bool = False,
 ) -> tuple[float, dict[str, Any]]:
-    """Seconds per step of the package's own pipeline, and the sync report (empty unless asked)."""
-    pl.seed_everything(0, verbose=False)
-    total = warmup + steps
-    data = SyntheticDataModule(
-        num_samples=batch_size * (total + 1), batch_size=batch_size, num_eval_samples=batch_size
-    )
-    module = ClassifierModule(
-        build_model(model, 10), lr=0.05, momentum=0.9, schedule="none", channels_last=channels_last
-    )
-    timer = WindowTimer(warmup, steps, device, sync_report)
-    trainer = build_trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=[device.index or 0] if device.type == "cuda" else 1,
-        max_steps=total,
-        precision=precision,
-        limit_val_batches=0,
-        callbacks=[timer, ProgressLine("product (Trainer)", every_s=10.0)],
-    )
-    trainer.fit(module, datamodule=data)
-    report = {}
-    if timer.reported_steps:
-        report = {
-            "steps": timer.reported_steps,
-            "syncs_per_step": sum(timer.syncs.values()) / timer.reported_steps,
-            "by_line": dict(timer.syncs.most_common(10)),
-        }
-    return (timer.ended - timer.started) / steps, report
+    """Seconds per step of the package's own pipeline, as the benchmark's bound runs it (one
+    process, no process group), and the sync report (empty unless asked)."""
+    window = WindowSync(warmup, steps, device, sync_report)
+    spec = {
+        "method": BOUND, "model": model, "data": "synthetic", "batch_size": batch_size, "lr": 0.05, "seed": 0,
+        "steps": warmup + steps, "accelerator": "gpu" if device.type == "cuda" else "cpu",
+        "precision": precision, "channels_last": channels_last, "threads": torch.get_num_threads(),
+    }
+    result = worker.run(spec, callbacks=[window, ProgressLine("product (Trainer)", every_s=10.0)])
+    return steady_step_seconds(result["step_ends"], warmup), window.report()
 
 
 def allreduce_worker(spec_json: str) -> dict[str, Any]:
@@ -174,7 +141,7 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
     spec = json.loads(spec_json)
     rank, world_size = rank_and_world_size()
     gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
-    record = placement(
+    record = worker.placement(
         spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)
     )["record"]
     device = device_for(spec["accelerator"], 0 if record["ranks_per_device"] > 1 else rank)
@@ -245,23 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.type == "cpu":
         torch.set_num_threads(1)  # the benchmark's workers run one thread each
-    options = {"precision": args.precision, "channels_last": args.channels_last}
     where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU (1 thread)"
+    # Both loops: the same network, batch, steps, device and number format.
+    same = {k: getattr(args, k) for k in ("model", "batch_size", "steps", "warmup", "device", "precision")}
+    same["channels_last"] = args.channels_last
     print(
         f"steptime: {args.model}, batch {args.batch_size}, {args.steps} timed steps after {args.warmup}, "
         f"{args.precision}{', channels_last' if args.channels_last else ''}, on {where}"
     )
-    bare = bare_loop_seconds(args.model, args.batch_size, args.steps, args.warmup, args.device, **options)
+    bare = bare_loop_seconds(**same)
     print(f"bare PyTorch loop:  {1000 * bare:8.2f} ms/step")
-    product, report = product_seconds(
-        args.model,
-        args.batch_size,
-        args.steps,
-        args.warmup,
-        args.device,
-        sync_report=args.sync_report,
-        **options,
-    )
+    product, report = product_seconds(**same, sync_report=args.sync_report)
     print(f"product (Trainer):  {1000 * product:8.2f} ms/step  = {product / bare:.2f}x the bare loop")
     figures: dict[str, Any] = {
         "args": {k: v for k, v in vars(args).items() if k != "device"},
