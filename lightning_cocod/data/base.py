@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import pytorch_lightning as pl
@@ -16,6 +17,16 @@ from lightning_cocod.data.sharding import (
     eval_batches,
     to_device,
 )
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def require(ok: bool, owner: str, name: str, value: object, accepted: str) -> None:
+    """The one-line error for an argument of ``owner`` that is not ``accepted``."""
+    if not ok:
+        raise ValueError(f"{owner}: {name}={value!r} is invalid; accepted: {accepted}")
 
 
 class InMemoryDataModule(pl.LightningDataModule):
@@ -111,10 +122,9 @@ class InMemoryDataModule(pl.LightningDataModule):
         tensors = self._placed("train_tensors")
         rank, world_size = self._rank_and_world_size()
         sizes = self.per_rank_batch_sizes or [self.batch_size] * world_size
-        sampler = ShardedBatchSampler(
-            len(tensors[0]), check_batch_sizes(sizes, world_size), rank, world_size, self.seed,
-            device=tensors[0].device,
-        )
+        sizes = check_batch_sizes(sizes, world_size)
+        device = tensors[0].device
+        sampler = ShardedBatchSampler(len(tensors[0]), sizes, rank, world_size, self.seed, device=device)
         if len(sampler) == 0:
             raise ValueError(
                 f"{type(self).__name__}: {len(tensors[0])} training samples are fewer than one "
