@@ -51,18 +51,23 @@ _PORT_RANGE = (20000, 32000)
 
 
 class LaunchError(RuntimeError):
-    """A run started by `launch_workers` did not produce results."""
+    """A run started by `launch_workers` did not produce results; a subclass's ``fields`` name the
+    arguments after the message, which become attributes."""
 
-    def __str__(self) -> str:
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, message: str, *values: Any) -> None:
         # `args` holds every argument, so that the error unpickles whole (in a sweep's parent
         # process); the message is the first.
+        super().__init__(message, *values)
+        self.__dict__.update(zip(self.fields, values))
+
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
 class WorkerFailed(LaunchError):
-    def __init__(self, message: str, rank: int, returncode: int, stderr_tail: str, log_dir: str):
-        super().__init__(message, rank, returncode, stderr_tail, log_dir)
-        self.rank, self.returncode, self.stderr_tail, self.log_dir = rank, returncode, stderr_tail, log_dir
+    fields = ("rank", "returncode", "stderr_tail", "log_dir")
 
 
 class WorkersPreempted(LaunchError):
@@ -70,15 +75,12 @@ class WorkersPreempted(LaunchError):
     its checkpoint: the run can be resumed. ``interrupted``: the signal was Ctrl-C (SIGINT) to
     the launcher, which passed it on as a stop."""
 
-    def __init__(self, message: str, log_dir: str, interrupted: bool = False):
-        super().__init__(message, log_dir, interrupted)
-        self.log_dir, self.interrupted = log_dir, interrupted
+    fields = ("log_dir", "interrupted")
+    interrupted = False
 
 
 class WorkersTimedOut(LaunchError):
-    def __init__(self, message: str, running_ranks: list[int], log_dir: str):
-        super().__init__(message, running_ranks, log_dir)
-        self.running_ranks, self.log_dir = running_ranks, log_dir
+    fields = ("running_ranks", "log_dir")
 
 
 def write_result(result: Any, path: str | os.PathLike | None = None) -> None:
