@@ -30,7 +30,9 @@ def require(ok: bool, owner: str, name: str, value: object, accepted: str) -> No
 
 
 class InMemoryDataModule(pl.LightningDataModule):
-    """Subclasses fill ``train_tensors`` and ``eval_tensors`` (``(x, y)`` pairs) in ``setup``.
+    """Subclasses fill ``train_tensors`` and ``eval_tensors`` (``(x, y)`` pairs) in ``setup``, and set
+    ``num_train_samples``, the training set's size known without loading it (the app checks that a
+    global batch fits), in ``__init__``.
 
     ``x`` is either uint8 images, normalised on the device with ``mean``/``std`` after transfer, or
     float tensors already normalised. Training batches are cropped (``crop_padding``) and flipped

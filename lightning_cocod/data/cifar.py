@@ -134,11 +134,7 @@ class CIFARDataModule(InMemoryDataModule):
         )
         self.root, self.dataset, self.download = Path(root), dataset, download
         self.num_classes = 100 if dataset == "cifar100" else 10
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without reading the files (the app checks a global batch fits)."""
-        return NUM_TRAIN
+        self.num_train_samples = NUM_TRAIN
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node, so ranks do not download concurrently.

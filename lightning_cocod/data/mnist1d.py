@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 _CACHE_VERSION = 1  # bump when the arrays written to the cache change meaning
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning_cocod" / "mnist1d"
-
-
 def generate_mnist1d(num_samples: int, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Signals ``(num_samples, 40)`` float32 and labels ``(num_samples,)`` int64, in the generator's
     own shuffled order, standardised over the whole set as the generator does.
@@ -98,15 +94,11 @@ class MNIST1DDataModule(InMemoryDataModule):
         self.num_samples, self.data_seed = num_samples, data_seed
         self.num_test = max(1, round(num_samples * test_fraction))
         self.num_val = max(1, round(num_samples * val_fraction))
-        left = num_samples - self.num_test - self.num_val >= 1
+        self.num_train_samples = num_samples - self.num_test - self.num_val
         accepted = "enough signals to leave a training set after the validation and test sets"
-        require(left, owner, "num_samples", num_samples, accepted)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without generating (the app checks a global batch fits)."""
-        return self.num_samples - self.num_val - self.num_test
+        require(self.num_train_samples >= 1, owner, "num_samples", num_samples, accepted)
+        cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        self.cache_dir = Path(cache_dir or cache_home / "lightning_cocod" / "mnist1d")
 
     @property
     def cache_path(self) -> Path:

@@ -47,11 +47,7 @@ class SyntheticDataModule(InMemoryDataModule):
         )
         self.num_samples, self.num_eval_samples = num_samples, num_eval_samples
         self.num_classes, self.image_shape = num_classes, tuple(image_shape)
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without generating the data (the app checks a global batch fits)."""
-        return self.num_samples
+        self.num_train_samples = num_samples
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_tensors is not None:
