@@ -76,15 +76,15 @@ class InMemoryDataModule(pl.LightningDataModule):
         self._resume: dict | None = None  # position of a saved run, from load_state_dict
         self._stats_on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
-    def _data_device(self) -> torch.device:
-        """Where the loaders gather: the trainer's root device unless it is the CPU."""
-        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
-        return device if isinstance(device, torch.device) and device.type != "cpu" else torch.device("cpu")
-
     def _placed(self, name: str) -> tuple[Tensor, Tensor]:
-        """``self.<name>`` on the data device, moved there once (the attribute then holds the copy)."""
-        tensors = self._require(getattr(self, name))
-        device = self._data_device()
+        """``self.<name>`` where the loaders gather, the trainer's root device unless it is the CPU,
+        moved there once (the attribute then holds the copy)."""
+        tensors = getattr(self, name)
+        if tensors is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        if not isinstance(device, torch.device) or device.type == "cpu":
+            device = torch.device("cpu")
         if any(t.device != device for t in tensors):
             tensors = tuple(t.to(device) for t in tensors)
             setattr(self, name, tensors)
@@ -114,11 +114,6 @@ class InMemoryDataModule(pl.LightningDataModule):
             self.per_rank_batch_sizes = self._train_sampler.per_rank_batch_sizes
         else:  # the length is checked against the world size once the loader is built
             self.per_rank_batch_sizes = check_batch_sizes(sizes, len(sizes))
-
-    def _require(self, tensors: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        if tensors is None:
-            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
-        return tensors
 
     def train_dataloader(self) -> TensorLoader:
         tensors = self._placed("train_tensors")
