@@ -169,7 +169,7 @@ def _probe(
     """For each (source rank, destination rank) flow, when each of its `count` exchanges began and ended."""
     python = [sys.executable, "-P"]  # -P: nothing from the current folder (see workers.worker_command)
     servers, clients = [], []
-    pipe = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "text": True}
+    pipe = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "text": True, "start_new_session": True}
     try:
         for _, dst in flows:
             cmd = [*python, "-c", _PROBE, "serve", link.address(dst), str(nbytes), str(count)]
@@ -189,10 +189,7 @@ def _probe(
             outputs.append(list(zip(times[::2], times[1::2])))
         return outputs
     finally:
-        for proc in (*clients, *servers):
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+        netns.terminate([*clients, *servers], grace_s=0)
 
 
 def transfer_times(

@@ -178,6 +178,27 @@ def kill_namespace_processes(name: str, wait_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        # Each process leads a group of its own, so its own children (a worker's data loaders) go too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to those of `procs` still running, SIGKILL to all after `grace_s`; each must lead a
+    process group of its own (start_new_session)."""
+    alive = [p for p in procs if p.poll() is None]
+    _signal_groups(alive, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal_groups(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
 def delete_namespaces(chosen: Callable[[str], bool]) -> None:
     """Delete every namespace whose name is `chosen`, and the processes in it. Cleanup goes on past
     a failure, which is only reported: it runs in `finally` blocks, where raising would hide the

@@ -30,7 +30,7 @@ from typing import Any
 from lightning_cocod._files import atomic_write
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.launch.cluster import Link, network
-from lightning_cocod.launch.netns import Terminated, signals_deferred
+from lightning_cocod.launch.netns import Terminated, signals_deferred, terminate
 
 RESULT_ENV = "COCOD_RESULT_PATH"
 _RESULT = "rank{}.result.json"  # in the run's log folder, one for each rank
@@ -205,25 +205,6 @@ def _tail(log_dir: Path, rank: int, lines: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        # Each worker leads its own process group, so its own children (data loaders) go too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-
-
-def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
-    alive = [p for p in procs if p.poll() is None]
-    _signal_groups(alive, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in alive:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    _signal_groups(procs, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
-
-
 def _describe_exit(code: int) -> str:
     if code >= 0:
         return f"exited with code {code}"
@@ -352,7 +333,7 @@ def launch_workers(
             )
         finally:
             with signals_deferred():
-                _terminate(procs, grace_s)
+                terminate(procs, grace_s)
     results = _read_results(world_size, log_dir)
     if output_dir is None:  # after a failure it is kept, and named in the error
         shutil.rmtree(log_dir, ignore_errors=True)
@@ -385,7 +366,7 @@ def _wait(
         if code == PREEMPTED_EXIT_CODE:
             # The others stop at the same step, each within a round.
             failed = [(r, c) for r, c in _exits(exits, pending, stop_grace_s) if c != PREEMPTED_EXIT_CODE]
-            _terminate(procs, grace_s)
+            terminate(procs, grace_s)
             if not pending and not failed:
                 raise WorkersPreempted(
                     f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing "
@@ -403,11 +384,11 @@ def _wait(
                 other, other_code = exits.get_nowait()
                 if other_code != 0:
                     also.append(f"rank {other} {_describe_exit(other_code)}")
-            _terminate(procs, grace_s)
+            terminate(procs, grace_s)
             also_text = f" (also: {', '.join(also)})" if also else ""
             raise _failed(rank, code, f"rank {rank} {_describe_exit(code)}{also_text}", log_dir)
     if pending:
-        _terminate(procs, grace_s)
+        terminate(procs, grace_s)
         running = sorted(pending)
         tails = "".join(f"\n--- rank {r} stderr (last lines) ---\n{_tail(log_dir, r, 5)}" for r in running)
         what = f"workers did not finish within {timeout_s:g} s; killed ranks {running} (logs in {log_dir})"
