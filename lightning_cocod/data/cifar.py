@@ -35,7 +35,7 @@ class _CifarSpec:
         return f"https://www.cs.toronto.edu/~kriz/{self.archive}"
 
 
-NUM_TRAIN = 50_000  # both sets
+NUM_TRAIN = 50_000  # training images, in CIFAR-10 as in CIFAR-100
 # Mean and std of all training pixels per channel (x / 255). kuangliu/pytorch-cifar's oft-copied
 # std (0.2023, 0.1994, 0.2010) is the mean of per-image stds, not the dataset std; see
 # kuangliu/pytorch-cifar issues #19 and #135.

@@ -91,14 +91,14 @@ class MNIST1DDataModule(InMemoryDataModule):
         require(held_out < 1, owner, "val_fraction + test_fraction", held_out, accepted)
         require(is_int(data_seed), owner, "data_seed", data_seed, "an integer")
         super().__init__(batch_size, per_rank_batch_sizes, eval_batch_size, seed)
-        self.num_samples, self.data_seed = num_samples, data_seed
+        self.num_samples, self.data_seed = int(num_samples), int(data_seed)  # numpy's would not go into JSON
         self.num_test = max(1, round(num_samples * test_fraction))
         self.num_val = max(1, round(num_samples * val_fraction))
         self.num_train_samples = num_samples - self.num_test - self.num_val
         accepted = "enough signals to leave a training set after the validation and test sets"
         require(self.num_train_samples >= 1, owner, "num_samples", num_samples, accepted)
         cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        self.cache_dir = Path(cache_dir or cache_home / "lightning_cocod" / "mnist1d")
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_home / "lightning_cocod/mnist1d"
 
     @property
     def cache_path(self) -> Path:
