@@ -27,13 +27,7 @@ from dataclasses import dataclass
 
 from lightning_cocod.launch import netns
 from lightning_cocod.launch.netns import (
-    ShapedLink,
-    _ip,
-    burst_bytes,
-    namespaces_or_unshaped,
-    parse_latency,
-    parse_rate,
-    shape_device,
+    ShapedLink, _ip, burst_bytes, namespaces_or_unshaped, parse_latency, parse_rate, shape_device,
     shaped_namespace,
 )
 
