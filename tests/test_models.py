@@ -9,7 +9,8 @@ from torch import nn
 from lightning_cocod.core import FlatBuffer
 from lightning_cocod.data import DigitsDataModule, SyntheticDataModule
 from lightning_cocod.models import VGG16, ClassifierModule, ResNet18, SmallCNN, build_model
-from lightning_cocod.models.classifier import lr_factor, param_groups
+from lightning_cocod.models.classifier import param_groups
+from lightning_cocod.models.schedule import lr_factor
 from tests.helpers.trainers import single_cpu_trainer
 
 

@@ -1,5 +1,4 @@
-"""LightningModule for image classification with SGD, linear LR scaling, and a learning rate warmed up
-linearly, then decayed along a cosine or in steps."""
+"""LightningModule for image classification with SGD, linear LR scaling, warm-up and decay."""
 
 from __future__ import annotations
 
@@ -15,38 +14,7 @@ from torch.optim import SGD
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
-SCHEDULES = ("cosine", "step", "none")
-
-
-def lr_factor(
-    step: int,
-    *,
-    schedule: str,
-    warmup_steps: int,
-    total_steps: int,
-    milestone_steps: Sequence[int] = (),
-    gamma: float = 0.1,
-) -> float:
-    """Multiplier of the base learning rate for optimizer step ``step`` (0-based): a pure function
-    of the step index, so that ``LambdaLR`` can use it and tests can check it by hand.
-
-    Warm-up ramps as (step + 1) / warmup_steps so that the first step already moves the weights
-    (a factor of 0 would waste it). Cosine decays from 1 at the end of warm-up to 0 at
-    ``total_steps``; step decay multiplies by ``gamma`` at each milestone reached, counted from step 0
-    so milestones keep their meaning as absolute epochs.
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "cosine":
-        span = max(1, total_steps - warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / span)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "step":
-        return gamma ** sum(1 for m in milestone_steps if step >= m)
-    if schedule == "none":
-        return 1.0
-    raise ValueError(f"schedule={schedule!r} is not supported; accepted: {', '.join(SCHEDULES)}")
-
+from lightning_cocod.models.schedule import SCHEDULES, lr_factor
 
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
