@@ -116,10 +116,7 @@ class ProportionalSampling(Callback):
         self.every_n_epochs = every_n_epochs
         self.sizes: list[int] = []
         self.history: list[tuple[int, list[int]]] = []  # (epoch the split starts, split)
-        self._reset_measurement()
-
-    def _reset_measurement(self) -> None:
-        self._samples, self._seconds = 0, 0.0
+        self._samples, self._seconds = 0, 0.0  # measured since the last split
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         world = trainer.world_size
@@ -186,7 +183,7 @@ class ProportionalSampling(Callback):
         if self.fixed is not None or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         throughput = self._samples / self._seconds if self._seconds > 0 else 1.0
-        self._reset_measurement()
+        self._samples, self._seconds = 0, 0.0
         # Every rank gathers the same figures and runs the same arithmetic: the same split.
         gathered = trainer.strategy.all_gather(torch.tensor([throughput], dtype=torch.float64))
         capabilities = [float(c) for c in gathered.reshape(-1).cpu()]

@@ -125,19 +125,13 @@ class PeriodicCheckpoint(Checkpoint):
         every_n_minutes: float = 0.0,
         resume_from: str | os.PathLike | None = None,
     ) -> None:
-        for name, value in (("every_n_epochs", every_n_epochs), ("every_n_steps", every_n_steps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(
-                    f"PeriodicCheckpoint: {name}={value!r} is invalid; accepted: an integer >= 0"
-                )
-        if (
-            isinstance(every_n_minutes, bool)
-            or not isinstance(every_n_minutes, (int, float))
-            or every_n_minutes < 0
+        for name, value, kind in (
+            ("every_n_epochs", every_n_epochs, int), ("every_n_steps", every_n_steps, int),
+            ("every_n_minutes", every_n_minutes, (int, float)),
         ):
-            raise ValueError(
-                f"PeriodicCheckpoint: every_n_minutes={every_n_minutes!r} is invalid; accepted: a number >= 0"
-            )
+            if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"PeriodicCheckpoint: {name}={value!r} is invalid; accepted: {what} >= 0")
         self.dirpath = Path(dirpath)
         self.every_n_epochs, self.every_n_steps = every_n_epochs, every_n_steps
         self.every_n_seconds = 60.0 * every_n_minutes
@@ -173,14 +167,10 @@ class PeriodicCheckpoint(Checkpoint):
         self._saved_step, self._saved_at = trainer.global_step, time.monotonic()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        step = trainer.global_step
+        step, every_s = trainer.global_step, self.every_n_seconds
         if self.every_n_steps and step and step % self.every_n_steps == 0:
             self._save(trainer)
-        elif (
-            self.every_n_seconds
-            and trainer.global_rank == 0
-            and time.monotonic() - self._saved_at >= self.every_n_seconds
-        ):
+        elif every_s and trainer.global_rank == 0 and time.monotonic() - self._saved_at >= every_s:
             self._saved_at = time.monotonic()  # one request per period, however long the save takes
             trainer.strategy.request_checkpoint()
 
@@ -206,12 +196,8 @@ class ProgressLine(Callback):
         self._accuracy: float | None = None
 
     def line(self, trainer: pl.Trainer) -> str:
-        step, total, epoch, epochs = (
-            trainer.global_step,
-            trainer.estimated_stepping_batches,
-            trainer.current_epoch,
-            trainer.max_epochs,
-        )
+        step, total = trainer.global_step, trainer.estimated_stepping_batches
+        epoch, epochs = trainer.current_epoch, trainer.max_epochs
         if epochs and epochs > 0:  # counted from 1; after the last epoch Lightning's count is one past it
             epoch, of = min(epoch, epochs - 1), f"/{epochs}"
         else:

@@ -1,4 +1,5 @@
-"""In-memory datamodules (CIFAR-10/100, MNIST-1D, scikit-learn digits, synthetic) with rank-sharded loaders."""
+"""In-memory datamodules (CIFAR-10/100, MNIST-1D, scikit-learn digits, synthetic) with rank-sharded
+loaders."""
 
 from lightning_cocod.data.augment import normalize, random_crop, random_flip
 from lightning_cocod.data.base import InMemoryDataModule
@@ -9,17 +10,7 @@ from lightning_cocod.data.sharding import ShardedBatchSampler, TensorLoader, che
 from lightning_cocod.data.synthetic import SyntheticDataModule
 
 __all__ = [
-    "CIFARDataModule",
-    "DigitsDataModule",
-    "InMemoryDataModule",
-    "MNIST1DDataModule",
-    "ShardedBatchSampler",
-    "SyntheticDataModule",
-    "TensorLoader",
-    "check_batch_sizes",
-    "eval_batches",
-    "load_cifar",
-    "normalize",
-    "random_crop",
-    "random_flip",
+    "CIFARDataModule", "DigitsDataModule", "InMemoryDataModule", "MNIST1DDataModule", "ShardedBatchSampler",
+    "SyntheticDataModule", "TensorLoader", "check_batch_sizes", "eval_batches", "load_cifar", "normalize",
+    "random_crop", "random_flip",
 ]

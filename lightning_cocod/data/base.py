@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import pytorch_lightning as pl
@@ -10,16 +11,24 @@ from torch import Tensor
 
 from lightning_cocod.data.augment import normalize, random_crop, random_flip
 from lightning_cocod.data.sharding import (
-    ShardedBatchSampler,
-    TensorLoader,
-    check_batch_sizes,
-    eval_batches,
-    to_device,
+    ShardedBatchSampler, TensorLoader, check_batch_sizes, eval_batches, to_device,
 )
 
 
+def is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def require(ok: bool, owner: str, name: str, value: object, accepted: str) -> None:
+    """The one-line error for an argument of ``owner`` that is not ``accepted``."""
+    if not ok:
+        raise ValueError(f"{owner}: {name}={value!r} is invalid; accepted: {accepted}")
+
+
 class InMemoryDataModule(pl.LightningDataModule):
-    """Subclasses fill ``train_tensors`` and ``eval_tensors`` (``(x, y)`` pairs) in ``setup``.
+    """Subclasses fill ``train_tensors`` and ``eval_tensors`` (``(x, y)`` pairs) in ``setup``, and set
+    ``num_train_samples``, the training set's size known without loading it (the app checks that a
+    global batch fits), in ``__init__``.
 
     ``x`` is either uint8 images, normalised on the device with ``mean``/``std`` after transfer, or
     float tensors already normalised. Training batches are cropped (``crop_padding``) and flipped
@@ -63,15 +72,15 @@ class InMemoryDataModule(pl.LightningDataModule):
         self._resume: dict | None = None  # position of a saved run, from load_state_dict
         self._stats_on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
-    def _data_device(self) -> torch.device:
-        """Where the loaders gather: the trainer's root device unless it is the CPU."""
-        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
-        return device if isinstance(device, torch.device) and device.type != "cpu" else torch.device("cpu")
-
     def _placed(self, name: str) -> tuple[Tensor, Tensor]:
-        """``self.<name>`` on the data device, moved there once (the attribute then holds the copy)."""
-        tensors = self._require(getattr(self, name))
-        device = self._data_device()
+        """``self.<name>`` where the loaders gather, the trainer's root device unless it is the CPU,
+        moved there once (the attribute then holds the copy)."""
+        tensors = getattr(self, name)
+        if tensors is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
+        device = getattr(getattr(self.trainer, "strategy", None), "root_device", None)
+        if not isinstance(device, torch.device) or device.type == "cpu":
+            device = torch.device("cpu")
         if any(t.device != device for t in tensors):
             tensors = tuple(t.to(device) for t in tensors)
             setattr(self, name, tensors)
@@ -102,19 +111,13 @@ class InMemoryDataModule(pl.LightningDataModule):
         else:  # the length is checked against the world size once the loader is built
             self.per_rank_batch_sizes = check_batch_sizes(sizes, len(sizes))
 
-    def _require(self, tensors: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        if tensors is None:
-            raise RuntimeError(f"{type(self).__name__}: call setup() before asking for a dataloader")
-        return tensors
-
     def train_dataloader(self) -> TensorLoader:
         tensors = self._placed("train_tensors")
         rank, world_size = self._rank_and_world_size()
         sizes = self.per_rank_batch_sizes or [self.batch_size] * world_size
-        sampler = ShardedBatchSampler(
-            len(tensors[0]), check_batch_sizes(sizes, world_size), rank, world_size, self.seed,
-            device=tensors[0].device,
-        )
+        sizes = check_batch_sizes(sizes, world_size)
+        device = tensors[0].device
+        sampler = ShardedBatchSampler(len(tensors[0]), sizes, rank, world_size, self.seed, device=device)
         if len(sampler) == 0:
             raise ValueError(
                 f"{type(self).__name__}: {len(tensors[0])} training samples are fewer than one "

@@ -22,44 +22,34 @@ from lightning_cocod.data.base import InMemoryDataModule
 @dataclass(frozen=True)
 class _CifarSpec:
     archive: str
-    url: str
     md5: str
     folder: str
     train_files: tuple[str, ...]
     test_file: str
     label_key: bytes
-    num_train: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
+    @property
+    def url(self) -> str:
+        return f"https://www.cs.toronto.edu/~kriz/{self.archive}"
 
+
+NUM_TRAIN = 50_000  # training images, in CIFAR-10 as in CIFAR-100
 # Mean and std of all training pixels per channel (x / 255). kuangliu/pytorch-cifar's oft-copied
 # std (0.2023, 0.1994, 0.2010) is the mean of per-image stds, not the dataset std; see
 # kuangliu/pytorch-cifar issues #19 and #135.
 SPECS = {
     "cifar10": _CifarSpec(
-        archive="cifar-10-python.tar.gz",
-        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-        md5="c58f30108f718f92721af3b95e74349a",
-        folder="cifar-10-batches-py",
-        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_file="test_batch",
-        label_key=b"labels",
-        num_train=50_000,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
+        archive="cifar-10-python.tar.gz", md5="c58f30108f718f92721af3b95e74349a",
+        folder="cifar-10-batches-py", train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
+        test_file="test_batch", label_key=b"labels",
+        mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
     ),
     "cifar100": _CifarSpec(
-        archive="cifar-100-python.tar.gz",
-        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
-        md5="eb9058c3a382ffc7106e4002c42a8d85",
-        folder="cifar-100-python",
-        train_files=("train",),
-        test_file="test",
-        label_key=b"fine_labels",
-        num_train=50_000,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
+        archive="cifar-100-python.tar.gz", md5="eb9058c3a382ffc7106e4002c42a8d85",
+        folder="cifar-100-python", train_files=("train",), test_file="test", label_key=b"fine_labels",
+        mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
     ),
 }
 
@@ -70,23 +60,20 @@ def _spec(dataset: str) -> _CifarSpec:
     return SPECS[dataset]
 
 
-def md5sum(path: Path) -> str:
-    digest = hashlib.md5()
+def _md5(path: Path) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def download(spec: _CifarSpec, root: Path) -> None:
     """Fetches the archive into ``root`` unless a copy with the right md5 is there already."""
     target = root / spec.archive
-    if target.is_file() and md5sum(target) == spec.md5:
+    if target.is_file() and _md5(target) == spec.md5:
         return
 
     def fetch_and_check(partial: Path) -> None:  # never a truncated or wrong archive under the real name
         urllib.request.urlretrieve(spec.url, partial)
-        actual = md5sum(partial)
+        actual = _md5(partial)
         if actual != spec.md5:
             raise ValueError(f"download of {spec.url} has md5 {actual}, expected {spec.md5}; file removed")
 
@@ -107,10 +94,7 @@ def load_cifar(root: str | os.PathLike, dataset: str = "cifar10") -> dict[str, t
     names = (*spec.train_files, spec.test_file)
     folder, archive = root / spec.folder, root / spec.archive
     if all((folder / n).is_file() for n in names):
-        entries = {}
-        for n in names:
-            with open(folder / n, "rb") as f:
-                entries[n] = pickle.load(f, encoding="bytes")
+        entries = {n: pickle.loads((folder / n).read_bytes(), encoding="bytes") for n in names}
     elif archive.is_file():
         with tarfile.open(archive, "r:gz") as tar:
             entries = {n: pickle.load(tar.extractfile(f"{spec.folder}/{n}"), encoding="bytes") for n in names}
@@ -150,11 +134,7 @@ class CIFARDataModule(InMemoryDataModule):
         )
         self.root, self.dataset, self.download = Path(root), dataset, download
         self.num_classes = 100 if dataset == "cifar100" else 10
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without reading the files (the app checks a global batch fits)."""
-        return _spec(self.dataset).num_train
+        self.num_train_samples = NUM_TRAIN
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node, so ranks do not download concurrently.

@@ -32,11 +32,7 @@ class DigitsDataModule(InMemoryDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(batch_size, per_rank_batch_sizes, eval_batch_size, seed)
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without loading the data (the app checks a global batch fits)."""
-        return NUM_IMAGES - NUM_TEST
+        self.num_train_samples = NUM_IMAGES - NUM_TEST
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_tensors is not None:

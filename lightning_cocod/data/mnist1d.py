@@ -23,15 +23,11 @@ import numpy as np
 import torch
 
 from lightning_cocod._files import atomic_write
-from lightning_cocod.data.base import InMemoryDataModule
+from lightning_cocod.data.base import InMemoryDataModule, is_int, require
 
 log = logging.getLogger(__name__)
 
 _CACHE_VERSION = 1  # bump when the arrays written to the cache change meaning
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning_cocod" / "mnist1d"
 
 
 def generate_mnist1d(num_samples: int, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,32 +79,26 @@ class MNIST1DDataModule(InMemoryDataModule):
         data_seed: int = 42,
         cache_dir: str | os.PathLike | None = None,
     ) -> None:
-        _require(
-            isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 30
-            and num_samples % 10 == 0,
-            "num_samples", num_samples, "a multiple of 10 (one tenth per digit), at least 30",
-        )
+        owner = "MNIST1DDataModule"
+        enough = is_int(num_samples) and num_samples >= 30 and num_samples % 10 == 0
+        accepted = "a multiple of 10 (one tenth per digit), at least 30"
+        require(enough, owner, "num_samples", num_samples, accepted)
         for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            _require(
-                isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1,
-                name, value, "a number strictly between 0 and 1",
-            )
-        _require(val_fraction + test_fraction < 1, "val_fraction + test_fraction",
-                 val_fraction + test_fraction, "less than 1 (the rest is the training set)")
-        _require(isinstance(data_seed, int) and not isinstance(data_seed, bool), "data_seed", data_seed,
-                 "an integer")
+            fraction = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+            require(fraction, owner, name, value, "a number strictly between 0 and 1")
+        held_out = val_fraction + test_fraction
+        accepted = "less than 1 (the rest is the training set)"
+        require(held_out < 1, owner, "val_fraction + test_fraction", held_out, accepted)
+        require(is_int(data_seed), owner, "data_seed", data_seed, "an integer")
         super().__init__(batch_size, per_rank_batch_sizes, eval_batch_size, seed)
-        self.num_samples, self.data_seed = num_samples, data_seed
+        self.num_samples, self.data_seed = int(num_samples), int(data_seed)  # numpy's would not go into JSON
         self.num_test = max(1, round(num_samples * test_fraction))
         self.num_val = max(1, round(num_samples * val_fraction))
-        _require(num_samples - self.num_test - self.num_val >= 1, "num_samples", num_samples,
-                 "enough signals to leave a training set after the validation and test sets")
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without generating (the app checks a global batch fits)."""
-        return self.num_samples - self.num_val - self.num_test
+        self.num_train_samples = num_samples - self.num_test - self.num_val
+        accepted = "enough signals to leave a training set after the validation and test sets"
+        require(self.num_train_samples >= 1, owner, "num_samples", num_samples, accepted)
+        cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_home / "lightning_cocod/mnist1d"
 
     @property
     def cache_path(self) -> Path:
@@ -159,7 +149,3 @@ class MNIST1DDataModule(InMemoryDataModule):
         self.eval_tensors = (signals[n_train:n_eval], labels[n_train:n_eval])
         self.test_tensors = (signals[n_eval:], labels[n_eval:])
 
-
-def _require(ok: bool, name: str, value: object, accepted: str) -> None:
-    if not ok:
-        raise ValueError(f"MNIST1DDataModule: {name}={value!r} is invalid; accepted: {accepted}")

@@ -46,14 +46,8 @@ class ShardedBatchSampler(Sampler[Tensor]):
     """
 
     def __init__(
-        self,
-        num_samples: int,
-        batch_size: int | Sequence[int],
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        device: torch.device | str | None = None,
+        self, num_samples: int, batch_size: int | Sequence[int], rank: int = 0, world_size: int = 1,
+        seed: int = 0, device: torch.device | str | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(
@@ -62,7 +56,7 @@ class ShardedBatchSampler(Sampler[Tensor]):
         sizes = [batch_size] * world_size if isinstance(batch_size, numbers.Integral) else batch_size
         self.per_rank_batch_sizes = check_batch_sizes(sizes, world_size)
         self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
-        self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        self.seed, self.epoch = seed, 0
         self.device = torch.device(device) if device is not None else None
         self._skip_epoch, self._skip = -1, 0
 
@@ -85,12 +79,8 @@ class ShardedBatchSampler(Sampler[Tensor]):
         # Everything is fixed here, before the first batch is asked for, so a size change made
         # mid-epoch cannot alter the epoch already running.
         sizes = self.per_rank_batch_sizes
-        if self.shuffle:
-            order = torch.randperm(
-                self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
-            )
-        else:
-            order = torch.arange(self.num_samples)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.num_samples, generator=generator)
         step, start = sum(sizes), sum(sizes[: self.rank])
         num_steps = self.num_samples // step
         steps = order[: num_steps * step].view(num_steps, step)
@@ -108,10 +98,7 @@ def to_device(tensor: Tensor, device: torch.device | None) -> Tensor:
 
 
 def eval_batches(
-    num_samples: int,
-    batch_size: int,
-    rank: int = 0,
-    world_size: int = 1,
+    num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1,
     device: torch.device | str | None = None,
 ) -> list[Tensor]:
     """This rank's evaluation batches; equal in number across ranks unless a block has fewer samples

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 
-from lightning_cocod.data.base import InMemoryDataModule
+from lightning_cocod.data.base import InMemoryDataModule, is_int, require
 
 
 class SyntheticDataModule(InMemoryDataModule):
@@ -30,37 +29,25 @@ class SyntheticDataModule(InMemoryDataModule):
         eval_batch_size: int | None = None,
         augment: bool = True,
     ) -> None:
-        _require_int(num_samples, "num_samples", 1)
-        _require_int(num_eval_samples, "num_eval_samples", 1)
-        _require_int(num_classes, "num_classes", 1)
-        shape = (
-            list(image_shape)
-            if isinstance(image_shape, Sequence) and not isinstance(image_shape, str)
-            else []
+        for name, value in (
+            ("num_samples", num_samples), ("num_eval_samples", num_eval_samples), ("num_classes", num_classes)
+        ):
+            require(is_int(value) and value >= 1, "SyntheticDataModule", name, value, "an integer >= 1")
+        is_list = isinstance(image_shape, Sequence) and not isinstance(image_shape, str)
+        shape = list(image_shape) if is_list else []
+        require(
+            bool(shape) and all(is_int(d) and d >= 1 for d in shape), "SyntheticDataModule", "image_shape",
+            image_shape, "positive integers, channels first, e.g. [3, 32, 32]",
         )
-        if not shape or not all(_is_int(d) and d >= 1 for d in shape):
-            raise ValueError(
-                f"SyntheticDataModule: image_shape={image_shape!r} is invalid; accepted: positive integers, "
-                "channels first, e.g. [3, 32, 32]"
-            )
         channels = image_shape[0]
         # Statistics of the uniform distribution on [0, 1]: mean 1/2, std 1/sqrt(12).
         super().__init__(
-            batch_size,
-            per_rank_batch_sizes,
-            eval_batch_size,
-            seed,
-            augment,
-            mean=[0.5] * channels,
-            std=[12**-0.5] * channels,
+            batch_size, per_rank_batch_sizes, eval_batch_size, seed, augment,
+            mean=[0.5] * channels, std=[12**-0.5] * channels,
         )
         self.num_samples, self.num_eval_samples = num_samples, num_eval_samples
         self.num_classes, self.image_shape = num_classes, tuple(image_shape)
-
-    @property
-    def num_train_samples(self) -> int:
-        """Training set size, known without generating the data (the app checks a global batch fits)."""
-        return self.num_samples
+        self.num_train_samples = num_samples
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_tensors is not None:
@@ -72,13 +59,3 @@ class SyntheticDataModule(InMemoryDataModule):
         self.train_tensors = (x[: self.num_samples], y[: self.num_samples])
         self.eval_tensors = (x[self.num_samples :], y[self.num_samples :])
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _require_int(value: object, name: str, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:
-        raise ValueError(
-            f"SyntheticDataModule: {name}={value!r} is invalid; accepted: an integer >= {minimum}"
-        )

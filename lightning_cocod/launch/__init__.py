@@ -2,23 +2,11 @@
 
 from lightning_cocod.launch.cluster import TOPOLOGIES, Cluster, network, pernode_cluster
 from lightning_cocod.launch.netns import (
-    LatencyUnsupported,
-    ShapedLink,
-    format_latency,
-    format_rate,
-    parse_latency,
-    parse_rate,
-    shaped_namespace,
+    LatencyUnsupported, ShapedLink, format_latency, format_rate, parse_latency, parse_rate, shaped_namespace,
 )
 from lightning_cocod.launch.workers import (
-    RESULT_ENV,
-    LaunchError,
-    WorkerFailed,
-    WorkersPreempted,
-    WorkersTimedOut,
-    launch_workers,
-    rank_and_world_size,
-    write_result,
+    RESULT_ENV, LaunchError, WorkerFailed, WorkersPreempted, WorkersTimedOut, launch_workers,
+    rank_and_world_size, write_result,
 )
 
 __all__ = [

@@ -27,13 +27,7 @@ from dataclasses import dataclass
 
 from lightning_cocod.launch import netns
 from lightning_cocod.launch.netns import (
-    ShapedLink,
-    _ip,
-    burst_bytes,
-    namespaces_or_unshaped,
-    parse_latency,
-    parse_rate,
-    shape_device,
+    ShapedLink, _ip, burst_bytes, namespaces_or_unshaped, parse_latency, parse_rate, shape_device,
     shaped_namespace,
 )
 
@@ -130,74 +124,66 @@ def network(
 # -- measuring the links ------------------------------------------------------------------------
 
 # Run with `python -c` inside the namespaces: stdlib only, so a probe costs a bare interpreter.
-# "serve ADDR NBYTES COUNT": print the port; then receive NBYTES and answer b"k" (a transfer), or
-# echo COUNT single bytes (round trips). "send ADDR PORT NBYTES COUNT START": at monotonic time
-# START, do the same from the other side and print when the transfer began and ended (monotonic
-# seconds, the machine's clock in every namespace), or the seconds of each trip.
+# "serve ADDR NBYTES COUNT": print the port, then COUNT times receive NBYTES and answer one byte.
+# "send ADDR PORT NBYTES COUNT START": from monotonic time START, COUNT times send NBYTES and await
+# the answer, printing when each exchange began and ended (monotonic seconds, the machine's clock
+# in every namespace). An exchange of one byte is a round trip.
 _PROBE = """\
 import socket, sys, time
 role, addr, *rest = sys.argv[1:]
 if role == "serve":
     nbytes, count = map(int, rest)
-    with socket.create_server((addr, 0)) as server:
-        print(server.getsockname()[1], flush=True)
-        conn, _ = server.accept()
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if nbytes:
-                received = len(conn.recv(nbytes, socket.MSG_WAITALL))  # all of it, unless the peer left
-                if received < nbytes:
-                    raise SystemExit(f"peer closed after {received} of {nbytes} bytes")
-                conn.sendall(b"k")
-            for _ in range(count):
-                conn.sendall(conn.recv(1))
+    server = socket.create_server((addr, 0))
+    print(server.getsockname()[1], flush=True)
+    conn = server.accept()[0]
 else:
     port, nbytes, count = map(int, rest[:3])
-    start = float(rest[3])
-    with socket.create_connection((addr, port)) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        time.sleep(max(0.0, start - time.monotonic()))
-        if nbytes:
-            began = time.monotonic()
-            conn.sendall(b"x" * nbytes)
-            if conn.recv(1) != b"k":
-                raise SystemExit("no acknowledgement from the receiver")
-            print(began, time.monotonic())
-        for _ in range(count):
-            began = time.perf_counter()
-            conn.sendall(b"p")
-            if conn.recv(1) != b"p":
-                raise SystemExit("the echo was lost")
-            print(time.perf_counter() - began)
+    conn = socket.create_connection((addr, port))
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+if role == "send":
+    time.sleep(max(0.0, float(rest[3]) - time.monotonic()))
+for _ in range(count):
+    if role == "serve":
+        received = len(conn.recv(nbytes, socket.MSG_WAITALL))  # all of it, unless the peer left
+        if received < nbytes:
+            raise SystemExit(f"peer closed after {received} of {nbytes} bytes")
+        conn.sendall(b"k")
+    else:
+        began = time.monotonic()
+        conn.sendall(b"x" * nbytes)
+        if conn.recv(1) != b"k":
+            raise SystemExit("no answer from the receiver")
+        print(began, time.monotonic())
 """
 
 
-def _probe(link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int, timeout_s: float) -> list[list[float]]:
+def _probe(
+    link: Link, flows: Sequence[tuple[int, int]], nbytes: int, count: int, timeout_s: float
+) -> list[list[tuple[float, float]]]:
+    """For each (source rank, destination rank) flow, when each of its `count` exchanges began and ended."""
     python = [sys.executable, "-P"]  # -P: nothing from the current folder (see workers.worker_command)
     servers, clients = [], []
-    pipe = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "text": True}
+    pipe = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "text": True, "start_new_session": True}
     try:
         for _, dst in flows:
             cmd = [*python, "-c", _PROBE, "serve", link.address(dst), str(nbytes), str(count)]
             servers.append(subprocess.Popen(link.wrap(cmd, dst), **pipe))
         ports = [server.stdout.readline().strip() for server in servers]
         # A common start, so concurrent flows overlap although their interpreters start apart.
-        start = time.monotonic() + 0.5 + 0.1 * len(flows)
+        start = repr(time.monotonic() + 0.5 + 0.1 * len(flows))
         for (src, dst), port in zip(flows, ports):
-            cmd = [*python, "-c", _PROBE, "send", link.address(dst), port, str(nbytes), str(count), repr(start)]
+            cmd = [*python, "-c", _PROBE, "send", link.address(dst), port, str(nbytes), str(count), start]
             clients.append(subprocess.Popen(link.wrap(cmd, src), **pipe))
         outputs = []
         for client in clients:
             out, _ = client.communicate(timeout=timeout_s)
             if client.returncode != 0:
                 raise RuntimeError(f"link probe failed (exit code {client.returncode}); output: {out.strip()!r}")
-            outputs.append([float(line) for line in out.split()])
+            times = [float(word) for word in out.split()]
+            outputs.append(list(zip(times[::2], times[1::2])))
         return outputs
     finally:
-        for proc in (*clients, *servers):
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+        netns.terminate([*clients, *servers], grace_s=0)
 
 
 def transfer_times(
@@ -205,13 +191,13 @@ def transfer_times(
 ) -> list[tuple[float, float]]:
     """When each (source rank, destination rank) flow began and finished delivering `nbytes`
     (time.monotonic), all started together (unless an interpreter starts later than 0.5 s)."""
-    return [(times[0], times[1]) for times in _probe(link, flows, nbytes, 0, timeout_s)]
+    return [exchanges[0] for exchanges in _probe(link, flows, nbytes, 1, timeout_s)]
 
 
 def round_trip_seconds(link: Link, src: int = 0, dst: int = 1, count: int = 200) -> float:
     """Median round trip of one byte between two ranks over TCP (no Nagle): twice the one-way latency
     plus two passes through each side's network stack."""
-    return statistics.median(_probe(link, [(src, dst)], 0, count, 30)[0])
+    return statistics.median(end - began for began, end in _probe(link, [(src, dst)], 1, count, 30)[0])
 
 
 def measured_round_trip(topology: str, rate: str | int | None, latency: str | float | None = None) -> float | None:

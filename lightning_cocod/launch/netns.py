@@ -35,7 +35,7 @@ IP = "ip"
 
 _UNSHAPED_WORDS = {"none", "unshaped"}
 # tc's kbit/mbit/gbit are SI (1000-based); so are these, so a rate reads the same in both.
-_UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3}
+_UNITS = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 _MIN_BURST_BYTES = 256 * 1024
 # tbf needs burst >= rate / HZ or it can never send at the full rate; 250 is the lowest HZ in
 # common kernel configs, so rate_bytes / 250 is enough whatever HZ this kernel was built with.
@@ -44,10 +44,23 @@ _DURATION_UNITS = {"us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1)
 _SETUP_ERRORS = (RuntimeError, OSError, subprocess.SubprocessError)
 
 
-def _quantity(text: str, units: dict[str, int | Decimal]) -> Decimal | None:
-    """A number and one of `units` (as tc writes them: "2.5gbit", "50us") in the base unit, or None."""
+def _quantity(
+    value: object, what: str, units: dict[str, int | Decimal], example: str, valid: Callable[[Decimal], bool]
+) -> Decimal | None:
+    """A number and one of `units` as tc writes them ("2.5gbit", "50us"), in the base unit; None
+    for 'none'. Anything else, or a quantity that is not `valid`, is a one-line error."""
+    text = str(value).strip().lower()
+    if text in _UNSHAPED_WORDS:
+        return None
     match = re.fullmatch(rf"(\d+(?:\.\d+)?)({'|'.join(units)})", text)
-    return Decimal(match[1]) * units[match[2]] if match else None
+    quantity = Decimal(match[1]) * units[match[2]] if match else None
+    if quantity is None or not valid(quantity):
+        *most, last = units
+        raise ValueError(
+            f"{what} {value!r} is not understood: use a number followed by {', '.join(most)} or {last} "
+            f"(e.g. {example}), or 'none'"
+        )
+    return quantity
 
 
 def parse_rate(rate: str | int | None) -> int | None:
@@ -60,17 +73,9 @@ def parse_rate(rate: str | int | None) -> int | None:
         if rate <= 0:
             raise ValueError(f"rate {rate!r} is not understood: bits per second must be positive")
         return rate
-    text = rate.strip().lower()
-    if text in _UNSHAPED_WORDS:
-        return None
-    bps = _quantity(text, _UNITS)
     # A fraction of a bit per second cannot be given to tc, and zero would stall every worker.
-    if bps is None or bps <= 0 or bps != bps.to_integral_value():
-        raise ValueError(
-            f"rate {rate!r} is not understood: use a number followed by kbit, mbit or gbit "
-            f"(e.g. 300mbit), or 'none'"
-        )
-    return int(bps)
+    bps = _quantity(rate, "rate", _UNITS, "300mbit", lambda q: q > 0 and q == q.to_integral_value())
+    return None if bps is None else int(bps)
 
 
 def parse_latency(latency: str | float | None) -> float | None:
@@ -81,15 +86,10 @@ def parse_latency(latency: str | float | None) -> float | None:
         if not latency >= 0:
             raise ValueError(f"latency {latency!r} is not understood: seconds must be >= 0")
         return float(latency) or None
-    text = str(latency).strip().lower()
-    if text in _UNSHAPED_WORDS or text == "0":
+    if str(latency).strip() == "0":
         return None
-    seconds = _quantity(text, _DURATION_UNITS)
-    if seconds is None:
-        raise ValueError(
-            f"latency {latency!r} is not understood: use a number followed by us, ms or s (e.g. 50us), or 'none'"
-        )
-    return float(seconds) or None
+    seconds = _quantity(latency, "latency", _DURATION_UNITS, "50us", lambda q: True)
+    return float(seconds) if seconds else None
 
 
 def format_latency(seconds: float | None) -> str:
@@ -101,7 +101,7 @@ def format_rate(bps: int | None) -> str:
     """The shortest tc-style spelling of a rate; 'unshaped' for None."""
     if bps is None:
         return "unshaped"
-    for unit, scale in _UNITS.items():  # the largest unit first
+    for unit, scale in reversed(_UNITS.items()):  # the largest unit first
         if bps >= scale:
             return f"{format((Decimal(bps) / scale).normalize(), 'f')}{unit}"
     return f"{bps}bit"
@@ -178,6 +178,27 @@ def kill_namespace_processes(name: str, wait_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        # Each process leads a group of its own, so its own children (a worker's data loaders) go too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to those of `procs` still running, SIGKILL to all after `grace_s`; each must lead a
+    process group of its own (start_new_session)."""
+    alive = [p for p in procs if p.poll() is None]
+    _signal_groups(alive, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _signal_groups(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
 def delete_namespaces(chosen: Callable[[str], bool]) -> None:
     """Delete every namespace whose name is `chosen`, and the processes in it. Cleanup goes on past
     a failure, which is only reported: it runs in `finally` blocks, where raising would hide the
@@ -191,16 +212,6 @@ def delete_namespaces(chosen: Callable[[str], bool]) -> None:
                 _warn(f"could not delete network namespace {name}: {err}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        pass
-    return True
-
-
 def remove_stale_namespaces(name_prefix: str) -> None:
     """Delete namespaces this module named for a launcher process that no longer exists.
 
@@ -209,7 +220,12 @@ def remove_stale_namespaces(name_prefix: str) -> None:
     """
     # A cluster's namespaces add a role ("-sw", "-n3") to the same name.
     pattern = re.compile(rf"^{re.escape(name_prefix)}-(\d+)-[0-9a-f]+(?:-[a-z0-9]+)?$")
-    delete_namespaces(lambda name: bool(found := pattern.match(name)) and not _pid_alive(int(found[1])))
+
+    def of_a_dead_launcher(name: str) -> bool:
+        found = pattern.match(name)
+        return found is not None and not os.path.exists(f"/proc/{found[1]}")
+
+    delete_namespaces(of_a_dead_launcher)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from typing import Any
 from lightning_cocod._files import atomic_write
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.launch.cluster import Link, network
-from lightning_cocod.launch.netns import Terminated, signals_deferred
+from lightning_cocod.launch.netns import Terminated, signals_deferred, terminate
 
 RESULT_ENV = "COCOD_RESULT_PATH"
 _RESULT = "rank{}.result.json"  # in the run's log folder, one for each rank
@@ -51,18 +51,23 @@ _PORT_RANGE = (20000, 32000)
 
 
 class LaunchError(RuntimeError):
-    """A run started by `launch_workers` did not produce results."""
+    """A run started by `launch_workers` did not produce results; a subclass's ``fields`` name the
+    arguments after the message, which become attributes."""
 
-    def __str__(self) -> str:
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, message: str, *values: Any) -> None:
         # `args` holds every argument, so that the error unpickles whole (in a sweep's parent
         # process); the message is the first.
+        super().__init__(message, *values)
+        self.__dict__.update(zip(self.fields, values))
+
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
 class WorkerFailed(LaunchError):
-    def __init__(self, message: str, rank: int, returncode: int, stderr_tail: str, log_dir: str):
-        super().__init__(message, rank, returncode, stderr_tail, log_dir)
-        self.rank, self.returncode, self.stderr_tail, self.log_dir = rank, returncode, stderr_tail, log_dir
+    fields = ("rank", "returncode", "stderr_tail", "log_dir")
 
 
 class WorkersPreempted(LaunchError):
@@ -70,15 +75,12 @@ class WorkersPreempted(LaunchError):
     its checkpoint: the run can be resumed. ``interrupted``: the signal was Ctrl-C (SIGINT) to
     the launcher, which passed it on as a stop."""
 
-    def __init__(self, message: str, log_dir: str, interrupted: bool = False):
-        super().__init__(message, log_dir, interrupted)
-        self.log_dir, self.interrupted = log_dir, interrupted
+    fields = ("log_dir", "interrupted")
+    interrupted = False
 
 
 class WorkersTimedOut(LaunchError):
-    def __init__(self, message: str, running_ranks: list[int], log_dir: str):
-        super().__init__(message, running_ranks, log_dir)
-        self.running_ranks, self.log_dir = running_ranks, log_dir
+    fields = ("running_ranks", "log_dir")
 
 
 def write_result(result: Any, path: str | os.PathLike | None = None) -> None:
@@ -201,25 +203,6 @@ def _tail(log_dir: Path, rank: int, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        # Each worker leads its own process group, so its own children (data loaders) go too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-
-
-def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
-    alive = [p for p in procs if p.poll() is None]
-    _signal_groups(alive, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in alive:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    _signal_groups(procs, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
 
 
 def _describe_exit(code: int) -> str:
@@ -350,7 +333,7 @@ def launch_workers(
             )
         finally:
             with signals_deferred():
-                _terminate(procs, grace_s)
+                terminate(procs, grace_s)
     results = _read_results(world_size, log_dir)
     if output_dir is None:  # after a failure it is kept, and named in the error
         shutil.rmtree(log_dir, ignore_errors=True)
@@ -383,7 +366,7 @@ def _wait(
         if code == PREEMPTED_EXIT_CODE:
             # The others stop at the same step, each within a round.
             failed = [(r, c) for r, c in _exits(exits, pending, stop_grace_s) if c != PREEMPTED_EXIT_CODE]
-            _terminate(procs, grace_s)
+            terminate(procs, grace_s)
             if not pending and not failed:
                 raise WorkersPreempted(
                     f"all {len(procs)} ranks stopped at one step on a preemption signal, after writing "
@@ -401,11 +384,11 @@ def _wait(
                 other, other_code = exits.get_nowait()
                 if other_code != 0:
                     also.append(f"rank {other} {_describe_exit(other_code)}")
-            _terminate(procs, grace_s)
+            terminate(procs, grace_s)
             also_text = f" (also: {', '.join(also)})" if also else ""
             raise _failed(rank, code, f"rank {rank} {_describe_exit(code)}{also_text}", log_dir)
     if pending:
-        _terminate(procs, grace_s)
+        terminate(procs, grace_s)
         running = sorted(pending)
         tails = "".join(f"\n--- rank {r} stderr (last lines) ---\n{_tail(log_dir, r, 5)}" for r in running)
         what = f"workers did not finish within {timeout_s:g} s; killed ranks {running} (logs in {log_dir})"

@@ -7,25 +7,17 @@ from typing import Any
 from torch import nn
 
 from lightning_cocod.models.classifier import ClassifierModule
-from lightning_cocod.models.conv1d import MNIST1DCNN
-from lightning_cocod.models.resnet import ResNet18
-from lightning_cocod.models.small import SmallCNN
-from lightning_cocod.models.vgg import VGG16
+from lightning_cocod.models.nets import MNIST1DCNN, VGG16, ResNet18, SmallCNN
 
-MODEL_NAMES = ("resnet18", "vgg16", "small_cnn", "mnist1d_cnn")
+_MODELS = {"resnet18": ResNet18, "vgg16": VGG16, "small_cnn": SmallCNN, "mnist1d_cnn": MNIST1DCNN}
+MODEL_NAMES = tuple(_MODELS)
 
 
 def build_model(name: str, num_classes: int, in_channels: int = 3, **kw: Any) -> nn.Module:
     """Builds a network by name; extra keyword arguments go to the constructor (e.g. ``width``)."""
-    if name == "resnet18":
-        return ResNet18(num_classes=num_classes, in_channels=in_channels, **kw)
-    if name == "vgg16":
-        return VGG16(num_classes=num_classes, in_channels=in_channels, **kw)
-    if name == "small_cnn":
-        return SmallCNN(in_channels=in_channels, num_classes=num_classes, **kw)
-    if name == "mnist1d_cnn":
-        return MNIST1DCNN(in_channels=in_channels, num_classes=num_classes, **kw)
-    raise ValueError(f"unknown model name {name!r}; accepted names: {', '.join(MODEL_NAMES)}")
+    if name not in _MODELS:
+        raise ValueError(f"unknown model name {name!r}; accepted names: {', '.join(MODEL_NAMES)}")
+    return _MODELS[name](num_classes=num_classes, in_channels=in_channels, **kw)
 
 
 __all__ = ["MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "ResNet18", "SmallCNN", "build_model"]

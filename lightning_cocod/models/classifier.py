@@ -34,13 +34,6 @@ def param_groups(net: nn.Module, weight_decay: float, no_decay_bn_bias: bool) ->
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _infer_num_classes(net: nn.Module) -> int:
-    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ValueError("num_classes was not given and the network has no nn.Linear to read it from")
-    return linears[-1].out_features
-
-
 def _require(ok: bool, name: str, value: object, accepted: str) -> None:
     if not ok:
         raise ValueError(f"ClassifierModule: {name}={value!r} is invalid; accepted: {accepted}")
@@ -95,24 +88,17 @@ class ClassifierModule(pl.LightningModule):
         _require(warmup_epochs >= 0, "warmup_epochs", warmup_epochs, "a number >= 0")
         _require(schedule in SCHEDULES, "schedule", schedule, ", ".join(map(repr, SCHEDULES)))
         milestones = [float(m) for m in milestones]
-        _require(
-            all(m >= 0 for m in milestones) and milestones == sorted(milestones),
-            "milestones",
-            milestones,
-            "non-negative epochs in increasing order",
-        )
+        increasing = all(m >= 0 for m in milestones) and milestones == sorted(milestones)
+        _require(increasing, "milestones", milestones, "non-negative epochs in increasing order")
         _require(gamma > 0, "gamma", gamma, "a positive float")
         _require(max_epochs is None or max_epochs >= 1, "max_epochs", max_epochs, "None or an int >= 1")
         _require(base_batch_size >= 1, "base_batch_size", base_batch_size, "an int >= 1")
-        _require(
-            global_batch_size is None or global_batch_size >= 1,
-            "global_batch_size",
-            global_batch_size,
-            "None or an int >= 1",
-        )
+        ok_batch = global_batch_size is None or global_batch_size >= 1
+        _require(ok_batch, "global_batch_size", global_batch_size, "None or an int >= 1")
         _require(isinstance(channels_last, bool), "channels_last", channels_last, "True or False")
         # A module cannot go into hparams (checkpoints, loggers); a model name can.
-        self.save_hyperparameters(ignore=["net", "optimizer"] if isinstance(net, nn.Module) else ["optimizer"])
+        ignored = ["net", "optimizer"] if isinstance(net, nn.Module) else ["optimizer"]
+        self.save_hyperparameters(ignore=ignored)
         self.build_optimizer = optimizer or partial(SGD, momentum=momentum, nesterov=nesterov)
         if isinstance(net, str):
             _require(num_classes is not None, "num_classes", num_classes, "an int when net is a model name")
@@ -122,7 +108,11 @@ class ClassifierModule(pl.LightningModule):
         self.channels_last = channels_last
         # Module.to keeps each tensor's strides when it later moves the model to its device.
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
-        self.num_classes = num_classes if num_classes is not None else _infer_num_classes(net)
+        if num_classes is None:  # read from the network's last linear layer
+            linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
+            _require(bool(linears), "num_classes", None, "an int when the network has no nn.Linear")
+            num_classes = linears[-1].out_features
+        self.num_classes = num_classes
         self.milestones = milestones
         acc = partial(MulticlassAccuracy, num_classes=self.num_classes, average="micro")
         # Checking the labels' range every step reads a value back from the device (a host sync
@@ -206,15 +196,9 @@ class ClassifierModule(pl.LightningModule):
         optimizer = self.build_optimizer(groups, lr=lr)
         steps_per_epoch, total_steps = self._steps()
         factor = partial(
-            lr_factor,
-            schedule=hp.schedule,
-            warmup_steps=round(hp.warmup_epochs * steps_per_epoch),
-            total_steps=total_steps,
-            milestone_steps=[round(m * steps_per_epoch) for m in self.milestones],
+            lr_factor, schedule=hp.schedule, warmup_steps=round(hp.warmup_epochs * steps_per_epoch),
+            total_steps=total_steps, milestone_steps=[round(m * steps_per_epoch) for m in self.milestones],
             gamma=hp.gamma,
         )
-        scheduler = LambdaLR(optimizer, factor)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"},
-        }
+        scheduler = {"scheduler": LambdaLR(optimizer, factor), "interval": "step", "name": "lr"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
