@@ -1,0 +1,93 @@
+"""The loop API (``lightning_cocod.loop``) as a mixin over a Fabric namespace's DDPStrategy, with no
+Lightning imported here: ``lightning_cocod.fabric`` (``lightning_fabric``) and
+``lightning_cocod.lightning`` (``lightning.fabric``) build their classes with ``install``.
+Each is Fabric's DDPStrategy without the DDP wrapper: the process set-up and launchers are
+Fabric's, every step is the loop object's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from lightning_cocod.loop import LOOPS
+from lightning_cocod.methods import METHODS
+from lightning_cocod.strategies.namespaces import VARIANTS
+from lightning_cocod.strategies.reliability import parse_timeout
+
+# Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
+_PASSED_ON = (
+    "accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision", "process_group_backend",
+)
+
+
+class _NothingToSkip:
+    """Nothing is synchronised in backward (rounds average models, after optimizer steps), so
+    ``fabric.no_backward_sync`` during gradient accumulation has nothing to skip."""
+
+    def no_backward_sync(self, module: Any, enabled: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+class FabricRounds:
+    """Mixed in before a Fabric DDPStrategy class (see ``install``); ``loop_class`` is the algorithm."""
+
+    loop_class: ClassVar[type]
+
+    def __init__(self, *, timeout: Any = None, start_method: str = "popen", **options: Any) -> None:
+        name = type(self).__name__
+        passed = {k: options.pop(k) for k in _PASSED_ON if k in options}
+        weight = options.pop("weight", None)
+        # The options are checked now, as the Trainer strategies check theirs.
+        self.loop_class.rounds_class(name, **options)
+        self._loop_options = {"weight": weight, **options}
+        super().__init__(timeout=parse_timeout(name, timeout), start_method=start_method, **passed)
+        self._backward_sync_control = _NothingToSkip()
+        self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
+
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        # No DistributedDataParallel wrapper, whose constructor is what broadcasts rank 0's weights.
+        if dist.is_available() and dist.is_initialized():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.detach(), src=0)
+        return module
+
+    def setup_module_and_optimizers(self, module: torch.nn.Module, optimizers: list[Any], scheduler: Any = None) -> Any:
+        if len(optimizers) != 1:
+            raise ValueError(
+                f"{type(self).__name__} supports exactly one optimizer, fabric.setup got {len(optimizers)}: "
+                "a round counts the steps of one optimizer"
+            )
+        if self.loop is not None:
+            self.loop.close()  # a second fabric.setup: the first model's run ends here
+        module = self.setup_module(module)
+        self.loop = self.loop_class(module, optimizers[0], timeout=self._timeout, **self._loop_options).__enter__()
+        return module, optimizers, scheduler
+
+    def teardown(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+        super().teardown()
+
+
+def install(package: str, home: str) -> dict[str, type]:
+    """Build ``package``'s classes (living in module ``home``) and register their names
+    ("cocod", "cocod_fork", ...) in its registry; names already there are left alone."""
+    strategies = importlib.import_module(f"{package}.strategies")
+    classes = {}
+    for name, loop in LOOPS.items():
+        entry = METHODS[name]
+        class_name = entry.strategy_class.replace("Strategy", "FabricStrategy")
+        attributes = {"__module__": home, "__qualname__": class_name, "__doc__": loop.__doc__, "loop_class": loop}
+        classes[class_name] = strategy = type(class_name, (FabricRounds, strategies.DDPStrategy), attributes)
+        for suffix, start_method in VARIANTS:
+            if name + suffix not in strategies.STRATEGY_REGISTRY:
+                strategies.STRATEGY_REGISTRY.register(
+                    name + suffix, strategy, start_method=start_method,
+                    description=f"{entry.description}, in a Fabric loop (start_method '{start_method}')",
+                )
+    return classes
