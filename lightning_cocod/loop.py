@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from lightning_cocod.core import FlatBuffer, TorchDistCommunicator
+from lightning_cocod.strategies.base import of_rounds
 from lightning_cocod.strategies.cocod import CoCoDRounds
 from lightning_cocod.strategies.local_sgd import LocalSGDRounds
 from lightning_cocod.strategies.pipe_sgd import PipeSGDRounds
@@ -52,7 +53,8 @@ class _RoundsLoop:
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
             raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
         self.rounds = self.rounds_class(name, **options)
-        self.model, self.optimizer, self.group, self.weight = model, optimizer, group, weight
+        self.rounds.weight = weight
+        self.model, self.optimizer, self.group = model, optimizer, group
         self.timeout = parse_timeout(name, timeout)
         self._hooks: list[Any] = []
         self._loaded: dict[str, Any] | None = None  # a state given before entering, applied on entering
@@ -62,14 +64,9 @@ class _RoundsLoop:
         options = {**self.rounds.options(), "weight": self.weight}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
-    @property
-    def stats(self):
-        """Every finished round's figures (``core.CommStats``): seconds, exposed seconds, bytes."""
-        return self.rounds.comm_stats
-
-    @property
-    def steps(self) -> int:
-        return self.rounds.steps
+    stats = of_rounds("comm_stats")  # every finished round's figures: seconds, exposed seconds, bytes
+    steps = of_rounds("steps")  # optimizer steps taken (restored by load_state_dict)
+    weight = of_rounds("weight")  # this rank's share of every average (None: the plain mean)
 
     # -- entering and leaving ---------------------------------------------------------------------
 
@@ -84,7 +81,6 @@ class _RoundsLoop:
                 f"{name}: no process group is initialised; call torch.distributed.init_process_group() first "
                 "(torchrun sets its environment), or run under Fabric(strategy='cocod')"
             )
-        self._refuse_foreign_parameters()
         device = next(self.model.parameters()).device
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
         world_size = dist.get_world_size(self.group)
@@ -101,8 +97,8 @@ class _RoundsLoop:
         )
         self.rounds.optimizers = [self.optimizer]
         self.rounds.start()
-        self.rounds.weight = self.weight
         try:
+            self.rounds.refuse_untracked_optimizer_tensors(self.rounds._live_tensors(), unused_too=True)
             if comm is not None:
                 self._check_same_start()
             if self._loaded is not None:
@@ -111,12 +107,12 @@ class _RoundsLoop:
             self._release()
             raise
         self._hooks = [
-            self.optimizer.register_step_pre_hook(lambda *_: self._call(self.rounds.exchange)),
+            self.optimizer.register_step_pre_hook(lambda *_: self.rounds.run(self.rounds.exchange)),
             self.optimizer.register_step_post_hook(lambda *_: self._after_step()),
         ]
         setattr(self.optimizer, _OWNER, name)
         self._stepped = False
-        self._call(self.rounds.begin_step)
+        self.rounds.run(self.rounds.begin_step)
         return self
 
     def __exit__(
@@ -132,7 +128,7 @@ class _RoundsLoop:
         """Merge the pending round and make every rank's weights the average (what leaving the
         ``with`` block does); every rank calls it."""
         if self._hooks:
-            self._call(self.rounds.sync)
+            self.rounds.run(self.rounds.sync)
         self._release()
 
     def _release(self) -> None:
@@ -146,29 +142,11 @@ class _RoundsLoop:
         for communicator in {id(c): c for c in (comm, control) if c is not None}.values():
             communicator.destroy()
 
-    def _call(self, step: Any) -> None:
-        if self.rounds.comm is not None:  # one worker: plain local SGD, nothing to talk to
-            with torch.no_grad():
-                step()
-
     def _after_step(self) -> None:
         self.rounds.steps += 1
         self._stepped = True
-        self._call(self.rounds.end_step)
-        self._call(self.rounds.begin_step)
-
-    # -- the misuses a loop invites, refused on entering --------------------------------------------
-
-    def _refuse_foreign_parameters(self) -> None:
-        owned = {id(p) for p in self.model.parameters()}
-        for g, group in enumerate(self.optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
-                if id(p) not in owned:
-                    raise ValueError(
-                        f"{type(self).__name__}: the optimizer trains a tensor of shape {tuple(p.shape)} (param group "
-                        f"{g}, index {i}) that is not a parameter of the model, so no worker's copy would be averaged; "
-                        "pass the model whose parameters the optimizer holds"
-                    )
+        self.rounds.run(self.rounds.end_step)
+        self.rounds.run(self.rounds.begin_step)
 
     def _check_same_start(self) -> None:
         """Workers that start apart would average unrelated models: refused on every rank alike.
@@ -201,7 +179,7 @@ class _RoundsLoop:
     def averaged(self) -> Iterator[None]:
         """The model holds the workers' average inside the block; the live weights return after
         it, so evaluating never changes the training trajectory. Every rank enters it."""
-        self._call(self.rounds.park_and_average)
+        self.rounds.run(self.rounds.park_and_average)
         try:
             yield
         finally:
@@ -213,8 +191,8 @@ class _RoundsLoop:
         it, the pending round is merged and every rank takes the average, so the model's state
         is the run's (save each rank's optimizer state too: momentum stays local)."""
         if self._hooks:
-            self._call(self.rounds.sync)
-            self._call(self.rounds.begin_step)
+            self.rounds.run(self.rounds.sync)
+            self.rounds.run(self.rounds.begin_step)
         return self.rounds.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -226,9 +204,9 @@ class _RoundsLoop:
             self.rounds.load_state(state)  # checked now, applied again on entering
             self._loaded = state
             return
-        self._call(self.rounds.flush)  # the round launched on entering snapshot the weights before loading
+        self.rounds.run(self.rounds.flush)  # the round launched on entering snapshot the weights before loading
         self.rounds.load_state(state)
-        self._call(self.rounds.begin_step)
+        self.rounds.run(self.rounds.begin_step)
 
 
 class CoCoD(_RoundsLoop):
@@ -239,24 +217,15 @@ class CoCoD(_RoundsLoop):
     ``timeout``: seconds (or a timedelta) before a collective gives up on a peer."""
 
     rounds_class = CoCoDRounds
-
-    @property
-    def tau(self) -> int:
-        return self.rounds.tau
-
-    @property
-    def tau_history(self) -> list[tuple[int, int]]:
-        return self.rounds.tau_history
+    tau = of_rounds("tau")
+    tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
 
 
 class LocalSGD(_RoundsLoop):
     """Local-SGD: a blocking average of the models every ``tau`` optimizer steps (options as ``CoCoD``)."""
 
     rounds_class = LocalSGDRounds
-
-    @property
-    def tau(self) -> int:
-        return self.rounds.tau
+    tau = of_rounds("tau")
 
 
 class PipeSGD(_RoundsLoop):

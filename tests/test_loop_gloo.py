@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_cocod import CoCoDStrategy, LocalSGDStrategy
+from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
 from lightning_cocod.loop import LOOPS, CoCoD, LocalSGD
 from tests.helpers import toy
 from tests.helpers.gloo_ranks import results, run_ranks
@@ -34,7 +34,7 @@ def train(rank, method, steps=STEPS, folder=None, save_at=None, resume=False):
     the rounds (launch and finish steps) and, from a save, the loop's state."""
     model = toy.initial_model()
     optimizer = sgd(model)
-    loop = LOOPS[method](model, optimizer, tau=TAU)
+    loop = LOOPS[method](model, optimizer, **({} if method == "pipe_sgd" else {"tau": TAU}))
     if resume:
         saved = torch.load(Path(folder, f"rank{rank}.pt"), weights_only=True)
         model.load_state_dict(saved["model"])
@@ -74,19 +74,22 @@ def run_fabric(strategy, out, steps):
 
 
 @pytest.mark.parametrize(
-    ("method", "steps"), [("cocod", STEPS), ("cocod", 2 * TAU), ("local_sgd", STEPS)],
-    ids=["cocod-partial-last-round", "cocod-whole-rounds", "local_sgd"],
+    ("method", "steps"), [("cocod", STEPS), ("cocod", 2 * TAU), ("local_sgd", STEPS), ("pipe_sgd", STEPS)],
+    ids=["cocod-partial-last-round", "cocod-whole-rounds", "local_sgd", "pipe_sgd"],
 )
 def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
     from lightning_cocod.fabric import LocalSGDFabricStrategy
 
     loop = results(run_ranks(train, tmp_path / "loop", method, steps))
-    # Fabric by its registry name (its default period is TAU) and by an instance with options.
-    fabric_strategy = "cocod_fork" if method == "cocod" else LocalSGDFabricStrategy(tau=TAU, start_method="fork")
+    # Fabric by its registry name (cocod's default period is TAU) and by an instance with options.
+    fabric_strategy = LocalSGDFabricStrategy(tau=TAU, start_method="fork") if method == "local_sgd" else f"{method}_fork"
     fabric = run_fabric(fabric_strategy, tmp_path / "fabric", steps)
-    strategy = {"cocod": CoCoDStrategy, "local_sgd": LocalSGDStrategy}[method](tau=TAU, start_method="fork")
+    if method == "pipe_sgd":
+        strategy, reference = PipeSGDStrategy(start_method="fork"), toy.reference_pipe_sgd(WORLD, steps)[1]
+    else:
+        strategy = {"cocod": CoCoDStrategy, "local_sgd": LocalSGDStrategy}[method](tau=TAU, start_method="fork")
+        reference = {"cocod": toy.reference_cocod, "local_sgd": toy.reference_local_sgd}[method](WORLD, steps, TAU)[1]
     lightning = fit(strategy, tmp_path / "lightning", steps=steps)
-    reference = {"cocod": toy.reference_cocod, "local_sgd": toy.reference_local_sgd}[method](WORLD, steps, TAU)[1]
     if method == "cocod":
         assert loop[0][1] == [(0, 4), (4, 8), (8, 10)][: -(-steps // TAU)]
     for rank in range(WORLD):
@@ -123,6 +126,9 @@ def misuses(rank):
     with CoCoD(model, optimizer) as cocod:
         attempt(cocod.__enter__)
         attempt(LocalSGD(model, optimizer).__enter__)
+        model(torch.ones(1, 4, dtype=torch.float64)).sum().backward()
+        optimizer.step()
+        attempt(lambda: cocod.load_state_dict(cocod.state_dict()))
     torch.manual_seed(rank)  # each rank builds its model from a seed of its own
     apart = torch.nn.Linear(4, 2)
     attempt(CoCoD(apart, torch.optim.SGD(apart.parameters(), lr=0.1)).__enter__)
@@ -133,10 +139,11 @@ def misuses(rank):
 def test_the_misuses_a_loop_invites_are_refused_in_one_line(tmp_path):
     first, second = results(run_ranks(misuses, tmp_path))
     assert first == second  # every rank refuses alike
-    foreign, twice, other, apart, weights = first
+    foreign, twice, other, late, apart, weights = first
     assert foreign.startswith("ValueError: CoCoD: the optimizer trains a tensor of shape (1, 3) (param group 0, index 2)")
     assert twice == "RuntimeError: CoCoD is entered already: enter it once, around the whole training loop"
     assert other == "RuntimeError: LocalSGD: this optimizer is hooked by another CoCoD already"
+    assert late == "RuntimeError: CoCoD: load_state_dict after an optimizer step; load it before the first"
     assert apart.startswith("ValueError: CoCoD: the model's tensor 'weight' differs between ranks at the start")
     assert weights.startswith("ValueError: CoCoD: the ranks' weights sum to 1.8")
     assert all("\n" not in message for message in first)

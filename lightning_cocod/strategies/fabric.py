@@ -12,11 +12,11 @@ import importlib
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 
 from lightning_cocod.loop import LOOPS
 from lightning_cocod.methods import METHODS
-from lightning_cocod.strategies.namespaces import VARIANTS
+from lightning_cocod.strategies.base import broadcast_from_rank_zero
+from lightning_cocod.strategies.namespaces import register
 from lightning_cocod.strategies.reliability import parse_timeout
 
 # Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
@@ -50,10 +50,7 @@ class FabricRounds:
         self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        # No DistributedDataParallel wrapper, whose constructor is what broadcasts rank 0's weights.
-        if dist.is_available() and dist.is_initialized():
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.detach(), src=0)
+        broadcast_from_rank_zero(module)  # no DistributedDataParallel wrapper
         return module
 
     def setup_module_and_optimizers(self, module: torch.nn.Module, optimizers: list[Any], scheduler: Any = None) -> Any:
@@ -78,16 +75,10 @@ def install(package: str, home: str) -> dict[str, type]:
     """Build ``package``'s classes (living in module ``home``) and register their names
     ("cocod", "cocod_fork", ...) in its registry; names already there are left alone."""
     strategies = importlib.import_module(f"{package}.strategies")
-    classes = {}
+    classes, by_method = {}, {}
     for name, loop in LOOPS.items():
-        entry = METHODS[name]
-        class_name = entry.strategy_class.replace("Strategy", "FabricStrategy")
+        class_name = METHODS[name].strategy_class.replace("Strategy", "FabricStrategy")
         attributes = {"__module__": home, "__qualname__": class_name, "__doc__": loop.__doc__, "loop_class": loop}
-        classes[class_name] = strategy = type(class_name, (FabricRounds, strategies.DDPStrategy), attributes)
-        for suffix, start_method in VARIANTS:
-            if name + suffix not in strategies.STRATEGY_REGISTRY:
-                strategies.STRATEGY_REGISTRY.register(
-                    name + suffix, strategy, start_method=start_method,
-                    description=f"{entry.description}, in a Fabric loop (start_method '{start_method}')",
-                )
+        classes[class_name] = by_method[name] = type(class_name, (FabricRounds, strategies.DDPStrategy), attributes)
+    register(strategies.STRATEGY_REGISTRY, by_method, where=", in a Fabric loop")
     return classes
