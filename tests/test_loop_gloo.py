@@ -53,10 +53,14 @@ def train(rank, method, steps=STEPS, folder=None, save_at=None, resume=False):
     return toy.flat(model), [(r.launch_step, r.finish_step) for r in loop.stats.rounds], saved_state
 
 
-def fabric_train(fabric, out, steps):
+def fabric_train(fabric, out, steps, separately):
     torch.set_num_threads(1)
     model = toy.initial_model()
-    model, optimizer = fabric.setup(model, sgd(model))
+    if separately:  # as for sharded strategies: the model first, then the optimizer of its parameters
+        model = fabric.setup_module(model)
+        optimizer = fabric.setup_optimizers(sgd(model))
+    else:
+        model, optimizer = fabric.setup(model, sgd(model))
     for x, y in batches(fabric.global_rank, steps):
         fabric.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
@@ -65,11 +69,11 @@ def fabric_train(fabric, out, steps):
     Path(out, f"rank{fabric.global_rank}.json").write_text(json.dumps(toy.flat(model)))
 
 
-def run_fabric(strategy, out, steps):
+def run_fabric(strategy, out, steps, separately=False):
     from lightning_fabric import Fabric
 
     out.mkdir()
-    Fabric(accelerator="cpu", devices=WORLD, strategy=strategy).launch(fabric_train, str(out), steps)
+    Fabric(accelerator="cpu", devices=WORLD, strategy=strategy).launch(fabric_train, str(out), steps, separately)
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
@@ -83,7 +87,7 @@ def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
     loop = results(run_ranks(train, tmp_path / "loop", method, steps))
     # Fabric by its registry name (cocod's default period is TAU) and by an instance with options.
     fabric_strategy = LocalSGDFabricStrategy(tau=TAU, start_method="fork") if method == "local_sgd" else f"{method}_fork"
-    fabric = run_fabric(fabric_strategy, tmp_path / "fabric", steps)
+    fabric = run_fabric(fabric_strategy, tmp_path / "fabric", steps, separately=method == "pipe_sgd")
     if method == "pipe_sgd":
         strategy, reference = PipeSGDStrategy(start_method="fork"), toy.reference_pipe_sgd(WORLD, steps)[1]
     else:

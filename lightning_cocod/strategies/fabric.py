@@ -47,23 +47,23 @@ class FabricRounds:
         self._loop_options = {"weight": weight, **options}
         super().__init__(timeout=parse_timeout(name, timeout), start_method=start_method, **passed)
         self._backward_sync_control = _NothingToSkip()
+        self._module: torch.nn.Module | None = None
         self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank_zero(module)  # no DistributedDataParallel wrapper
+        self._module = module
         return module
 
-    def setup_module_and_optimizers(self, module: torch.nn.Module, optimizers: list[Any], scheduler: Any = None) -> Any:
-        if len(optimizers) != 1:
-            raise ValueError(
-                f"{type(self).__name__} supports exactly one optimizer, fabric.setup got {len(optimizers)}: "
-                "a round counts the steps of one optimizer"
-            )
+    def setup_optimizer(self, optimizer: Any) -> Any:
+        # fabric.setup(model, optimizer) comes here after setup_module, as fabric.setup_optimizers does.
+        name = type(self).__name__
         if self.loop is not None:
-            self.loop.close()  # a second fabric.setup: the first model's run ends here
-        module = self.setup_module(module)
-        self.loop = self.loop_class(module, optimizers[0], timeout=self._timeout, **self._loop_options).__enter__()
-        return module, optimizers, scheduler
+            raise ValueError(f"{name} supports exactly one optimizer: a round counts the steps of one optimizer")
+        if self._module is None:
+            raise ValueError(f"{name}: set up the model before its optimizer, e.g. fabric.setup(model, optimizer)")
+        self.loop = self.loop_class(self._module, optimizer, timeout=self._timeout, **self._loop_options).__enter__()
+        return optimizer
 
     def teardown(self) -> None:
         if self.loop is not None:
