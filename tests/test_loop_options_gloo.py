@@ -100,3 +100,20 @@ def test_one_rank_trains_as_plain_sgd(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=toy.LR)
     steps(model, optimizer, 0, TAU + 1)
     assert results(run_ranks(alone, tmp_path, world=1)) == [(toy.flat(model), 0, TAU + 1)]
+
+
+def on_group(rank, own_group):
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo") if own_group else None
+    model = toy.initial_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=toy.LR, momentum=toy.MOMENTUM)
+    with CoCoD(model, optimizer, tau=TAU, group=group) as cocod:
+        steps(model, optimizer, rank, 2 * TAU + 1)
+    return toy.flat(model), [(r.launch_step, r.finish_step) for r in cocod.stats]
+
+
+def test_a_group_of_the_users_gives_the_default_groups_run(tmp_path):
+    default = results(run_ranks(on_group, tmp_path / "default", False))
+    assert results(run_ranks(on_group, tmp_path / "own", True)) == default
+    assert default[0][0] == default[1][0] and default[0][1] == [(0, 4), (4, 8), (8, 9)]
