@@ -58,7 +58,6 @@ class _RoundsLoop:
         self.timeout = parse_timeout(name, timeout)
         self._hooks: list[Any] = []
         self._loaded: dict[str, Any] | None = None  # a state given before entering, applied on entering
-        self._stepped = False  # an optimizer step was taken since entering
 
     def __repr__(self) -> str:
         options = {**self.rounds.options(), "weight": self.weight}
@@ -111,7 +110,6 @@ class _RoundsLoop:
             self.optimizer.register_step_post_hook(lambda *_: self._after_step()),
         ]
         setattr(self.optimizer, _OWNER, name)
-        self._stepped = False
         self.rounds.run(self.rounds.begin_step)
         return self
 
@@ -144,7 +142,6 @@ class _RoundsLoop:
 
     def _after_step(self) -> None:
         self.rounds.steps += 1
-        self._stepped = True
         self.rounds.run(self.rounds.end_step)
         self.rounds.run(self.rounds.begin_step)
 
@@ -196,17 +193,12 @@ class _RoundsLoop:
         return self.rounds.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: before entering, or inside before the first optimizer step
-        (load the model's weights before, on every rank)."""
-        if self._stepped and self._hooks:
-            raise RuntimeError(f"{type(self).__name__}: load_state_dict after an optimizer step; load it before the first")
-        if not self._hooks:
-            self.rounds.load_state(state)  # checked now, applied again on entering
-            self._loaded = state
-            return
-        self.rounds.run(self.rounds.flush)  # the round launched on entering snapshot the weights before loading
-        self.rounds.load_state(state)
-        self.rounds.run(self.rounds.begin_step)
+        """Resume from ``state_dict()``, before entering (the model's and the optimizer's state
+        loaded too, on every rank): entering launches a round from the weights the model holds."""
+        if self._hooks:
+            raise RuntimeError(f"{type(self).__name__}: load_state_dict inside the with block; call it before entering")
+        self.rounds.load_state(state)  # refused now if it is another method's; applied on entering
+        self._loaded = state
 
 
 class CoCoD(_RoundsLoop):

@@ -130,8 +130,6 @@ def misuses(rank):
     with CoCoD(model, optimizer) as cocod:
         attempt(cocod.__enter__)
         attempt(LocalSGD(model, optimizer).__enter__)
-        model(torch.ones(1, 4, dtype=torch.float64)).sum().backward()
-        optimizer.step()
         attempt(lambda: cocod.load_state_dict(cocod.state_dict()))
     torch.manual_seed(rank)  # each rank builds its model from a seed of its own
     apart = torch.nn.Linear(4, 2)
@@ -147,7 +145,7 @@ def test_the_misuses_a_loop_invites_are_refused_in_one_line(tmp_path):
     assert foreign.startswith("ValueError: CoCoD: the optimizer trains a tensor of shape (1, 3) (param group 0, index 2)")
     assert twice == "RuntimeError: CoCoD is entered already: enter it once, around the whole training loop"
     assert other == "RuntimeError: LocalSGD: this optimizer is hooked by another CoCoD already"
-    assert late == "RuntimeError: CoCoD: load_state_dict after an optimizer step; load it before the first"
+    assert late == "RuntimeError: CoCoD: load_state_dict inside the with block; call it before entering"
     assert apart.startswith("ValueError: CoCoD: the model's tensor 'weight' differs between ranks at the start")
     assert weights.startswith("ValueError: CoCoD: the ranks' weights sum to 1.8")
     assert all("\n" not in message for message in first)
