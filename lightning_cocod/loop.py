@@ -118,16 +118,21 @@ class _RoundsLoop:
     ) -> None:
         if kind is None:
             self.close()
-        else:  # a peer may be gone: waiting on what is in flight could hang until the timeout
+        else:  # as close() after a failure
             self.rounds.abandon()
             self._release()
 
     def close(self) -> None:
         """Merge the pending round and make every rank's weights the average (what leaving the
         ``with`` block does); every rank calls it."""
-        if self._hooks:
-            self.rounds.run(self.rounds.sync)
-        self._release()
+        try:
+            if self._hooks:
+                self.rounds.run(self.rounds.sync)
+        except BaseException:
+            self.rounds.abandon()  # a peer may be gone: waiting on what is in flight could hang until the timeout
+            raise
+        finally:
+            self._release()
 
     def _release(self) -> None:
         for hook in self._hooks:
