@@ -5,6 +5,8 @@ with "_spawn", "_fork" and "_notebook" launcher variants) resolvable by ``Traine
 of ``pytorch_lightning`` and of ``lightning.pytorch``, whichever is imported, before or after it.
 The classes: ``lightning_cocod.CoCoDStrategy`` & co. are ``pytorch_lightning`` strategies (also in
 ``lightning_cocod.pl``); the ``lightning.pytorch`` ones are in ``lightning_cocod.lightning``.
+Fabric's registries (``lightning_fabric``, ``lightning.fabric``) get "cocod", "local_sgd" and
+"pipe_sgd" the same way. A training loop of your own: ``lightning_cocod.CoCoD`` & co. (``loop``).
 
 Importing the package imports no Lightning: the names above are loaded on first use.
 """
@@ -18,6 +20,9 @@ register_in_every_namespace()
 
 __version__ = "0.1.0"
 _LAZY = {
+    "CoCoD": "lightning_cocod.loop",
+    "LocalSGD": "lightning_cocod.loop",
+    "PipeSGD": "lightning_cocod.loop",
     "CoCoDStrategy": "lightning_cocod.pl",
     "LocalSGDStrategy": "lightning_cocod.pl",
     "PipeSGDStrategy": "lightning_cocod.pl",
@@ -31,8 +36,8 @@ _LAZY = {
     "CheckpointError": "lightning_cocod.strategies.checkpointing",
 }
 __all__ = [  # noqa: RUF022 - loaded lazily from _LAZY
-    "CheckpointError", "CoCoDStrategy", "LocalSGDStrategy", "NonFiniteError", "PREEMPTED_EXIT_CODE", "PipeSGDStrategy",
-    "Preempted", "RendezvousError", "SSGDStrategy", "SyncStrategyBase", "WorkerLostError",
+    "CheckpointError", "CoCoD", "CoCoDStrategy", "LocalSGD", "LocalSGDStrategy", "NonFiniteError", "PREEMPTED_EXIT_CODE",
+    "PipeSGD", "PipeSGDStrategy", "Preempted", "RendezvousError", "SSGDStrategy", "SyncStrategyBase", "WorkerLostError",
 ]
 
 

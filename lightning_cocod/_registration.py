@@ -2,7 +2,8 @@
 importing Lightning itself.
 
 A strategy name must be in a namespace's StrategyRegistry before its ``Trainer`` is built, and
-the two namespaces (``pytorch_lightning``, ``lightning.pytorch``) have registries of their own.
+the namespaces (``pytorch_lightning``, ``lightning.pytorch``, and Fabric's ``lightning_fabric`` and
+``lightning.fabric``) have registries of their own.
 Importing both up front would cost every ``import lightning_cocod`` (and every command-line call,
 ``--help`` included) several seconds. So: a namespace already imported gets our classes now; one
 imported later gets them the moment its package has finished executing, through a finder that
@@ -19,7 +20,11 @@ import warnings
 from typing import Any
 
 # The Lightning package of a namespace, and the module of ours that holds its classes.
-NAMESPACES = {"pytorch_lightning": "lightning_cocod.pl", "lightning.pytorch": "lightning_cocod.lightning"}
+# (``lightning.fabric`` is complete whenever ``lightning.pytorch`` is: the ``lightning`` package imports both.)
+NAMESPACES = {
+    "pytorch_lightning": "lightning_cocod.pl", "lightning.pytorch": "lightning_cocod.lightning",
+    "lightning_fabric": "lightning_cocod.fabric",
+}
 
 _lock = threading.RLock()
 _waiting: set[str] = set()

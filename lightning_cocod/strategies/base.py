@@ -38,6 +38,13 @@ def _ddp_options() -> set[str]:
     return {*_DDP_ONLY_OPTIONS, *(name for name in wrapper if name not in ("self", "module"))}
 
 
+def broadcast_from_rank_zero(module: torch.nn.Module) -> None:
+    """What the DistributedDataParallel constructor does, which no strategy of ours builds."""
+    if dist.is_available() and dist.is_initialized():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.detach(), src=0)
+
+
 def of_rounds(name: str) -> property:
     """The strategy's attribute ``name`` is its rounds'."""
     return property(
@@ -106,12 +113,8 @@ class SyncStrategyBase(StrategyCommon):
         )
 
     def configure_ddp(self) -> None:
-        # No DistributedDataParallel: no per-step gradient all-reduce. DDP's constructor is what
-        # normally broadcasts rank 0's weights, so do that here.
-        if dist.is_available() and dist.is_initialized():
-            module = self.lightning_module
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.detach(), src=0)
+        # No DistributedDataParallel: no per-step gradient all-reduce.
+        broadcast_from_rank_zero(self.lightning_module)
         self._attach()
         self.rounds.start()
         self._logged_rounds = 0
@@ -133,9 +136,8 @@ class SyncStrategyBase(StrategyCommon):
     # -- the step ----------------------------------------------------------------------------
 
     def _begin_step(self) -> None:
-        if self._comm is not None:  # one worker: plain local SGD, nothing to talk to
-            with torch.no_grad(), self._collective("launching a round"):
-                self.rounds.begin_step()
+        with self._collective("launching a round"):
+            self.rounds.run(self.rounds.begin_step)
 
     def _exchanging_after(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         if self._comm is None:
@@ -143,16 +145,15 @@ class SyncStrategyBase(StrategyCommon):
 
         def closure_then_exchange() -> Any:
             result = closure()
-            with torch.no_grad(), self._collective("exchanging gradients"):
-                self.rounds.exchange()
+            with self._collective("exchanging gradients"):
+                self.rounds.run(self.rounds.exchange)
             return result
 
         return closure_then_exchange
 
     def _end_step(self) -> None:
-        if self._comm is not None:
-            with torch.no_grad(), self._collective("finishing a round"):
-                self.rounds.end_step()
+        with self._collective("finishing a round"):
+            self.rounds.run(self.rounds.end_step)
 
     def _abandon_in_flight(self) -> None:
         self.rounds.abandon()
@@ -173,8 +174,8 @@ class SyncStrategyBase(StrategyCommon):
     # -- consistency points ----------------------------------------------------------------
 
     def _sync_point(self) -> None:
-        with torch.no_grad(), self._collective("synchronising the workers"):
-            self.rounds.sync()
+        with self._collective("synchronising the workers"):
+            self.rounds.run(self.rounds.sync)
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         # Runs on every rank inside dump_checkpoint, before the file is written: the right
@@ -187,8 +188,8 @@ class SyncStrategyBase(StrategyCommon):
             return
         if not self.rounds.tensors:  # test/validate without fit: configure_ddp did not run
             self._attach()
-        with torch.no_grad(), self._collective("averaging for evaluation"):
-            self.rounds.park_and_average()
+        with self._collective("averaging for evaluation"):
+            self.rounds.run(self.rounds.park_and_average)
 
     def on_validation_start(self) -> None:
         super().on_validation_start()

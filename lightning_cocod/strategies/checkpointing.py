@@ -321,7 +321,7 @@ def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, s
     # the rename must not outrun the bytes), so an asynchronous plugin writes through its inner one.
     if type(checkpoint_io).__name__ == "AsyncCheckpointIO":
         checkpoint_io = checkpoint_io.checkpoint_io
-    writer = lambda tmp: checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)  # noqa: E731
+    writer = lambda tmp: checkpoint_io.save_checkpoint(checkpoint, tmp, storage_options=storage_options)
     atomic_write(path, writer, tmp=_temporary(path))
     # An earlier version's checksum would describe the file this one replaced (the new file's own
     # record is what a load checks, so a crash before this line misleads nobody).

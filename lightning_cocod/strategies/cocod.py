@@ -159,6 +159,11 @@ class CoCoDRounds(Rounds):
     def flush(self) -> None:
         if self.round is None or not self.round.pending:
             return
+        if self.steps == self._launch_step:
+            # Launched after the last step (a loop launches eagerly) and no step taken since: the
+            # weights are the snapshot, so the round is dropped rather than merged to no effect.
+            self.round.abandon()
+            return
         if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
             self._launch_control()
         steps = self.steps - self._launch_step

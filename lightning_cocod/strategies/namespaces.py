@@ -45,21 +45,21 @@ def build(package: str, home: str) -> dict[str, type]:
     return classes
 
 
-def register(package: str, classes: dict[str, type]) -> None:
-    """Add every name ("cocod", "cocod_spawn", ...) to ``package``'s registry; names already
-    there are left alone (re-imports, tests)."""
-    registry: Any = importlib.import_module(f"{package}.strategies").StrategyRegistry
-    for entry in METHODS.values():
+def register(registry: Any, strategies: dict[str, type], where: str = "") -> None:
+    """Add the names of each method ("cocod", "cocod_spawn", ...) to ``registry``, for its class in
+    ``strategies`` (by method name); names already there are left alone (re-imports, tests)."""
+    for name, strategy in strategies.items():
         for suffix, start_method in VARIANTS:
-            if entry.name + suffix not in registry:
+            if name + suffix not in registry:
                 registry.register(
-                    entry.name + suffix, classes[entry.strategy_class], start_method=start_method,
-                    description=f"{entry.description} (start_method '{start_method}')",
+                    name + suffix, strategy, start_method=start_method,
+                    description=f"{METHODS[name].description}{where} (start_method '{start_method}')",
                 )
 
 
 def install(package: str, home: str) -> dict[str, type]:
     """Build and register ``package``'s classes; returns them by class name."""
     classes = build(package, home)
-    register(package, classes)
+    registry = importlib.import_module(f"{package}.strategies").StrategyRegistry
+    register(registry, {entry.name: classes[entry.strategy_class] for entry in METHODS.values()})
     return classes

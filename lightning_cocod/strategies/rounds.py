@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,6 +108,13 @@ class Rounds:
 
     # -- the step (overridden by each algorithm) --------------------------------------------
 
+    def run(self, step: Callable[[], None]) -> None:
+        """``step`` (one of the methods below, or ``sync``) under ``torch.no_grad()``, where there
+        are peers: one worker trains as plain local SGD, with nothing to talk to."""
+        if self.comm is not None:
+            with torch.no_grad():
+                step()
+
     def begin_step(self) -> None:
         """Before forward/backward of an optimizer step."""
 
@@ -147,7 +155,7 @@ class Rounds:
         flight, and is refused.
         """
         live = self._live_tensors()
-        self._refuse_untracked_optimizer_tensors(live)
+        self.refuse_untracked_optimizer_tensors(live)
         if len(live) == len(self.tensors) and all(
             name == known and t.data_ptr() == k.data_ptr() and t.shape == k.shape and t.stride() == k.stride()
             and t.dtype == k.dtype
@@ -175,20 +183,21 @@ class Rounds:
         self.tensors = [now[name].detach() for name in self._names]  # the flat buffers' order
         self.retarget()
 
-    def _refuse_untracked_optimizer_tensors(self, live: list[tuple[str, Tensor]]) -> None:
+    def refuse_untracked_optimizer_tensors(self, live: list[tuple[str, Tensor]], unused_too: bool = False) -> None:
         # A tensor the optimizer trains outside the module (a plain tensor attribute, another
         # module's parameter) would be trained by each worker alone. One with a gradient is in
-        # use; a stale one (the old copy of a replaced layer) gets none and does no harm.
+        # use; a stale one (the old copy of a replaced layer) gets none and does no harm, unless
+        # ``unused_too`` (a loop's optimizer, checked before it ever steps).
         owned = {id(t) for _, t in live}
         for optimizer in self.optimizers:
             for g, group in enumerate(optimizer.param_groups):
                 for i, p in enumerate(group["params"]):
-                    if p.grad is not None and id(p) not in owned and p.is_floating_point():
+                    if (unused_too or p.grad is not None) and id(p) not in owned and p.is_floating_point():
                         raise ValueError(
                             f"{self.owner}: the optimizer trains a tensor of shape {tuple(p.shape)} (param "
-                            f"group {g}, index {i}) that is not a parameter of the LightningModule, so no worker's "
-                            "copy would be averaged with the others; register it on the module (an nn.Parameter "
-                            "attribute or a submodule's) before fit"
+                            f"group {g}, index {i}) that is not a parameter of the model, so no worker's copy would "
+                            "be averaged with the others; register it on the model (an nn.Parameter attribute or a "
+                            "submodule's) before training"
                         )
 
     def retarget(self) -> None:

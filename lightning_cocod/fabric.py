@@ -1,0 +1,22 @@
+"""The loop API (``lightning_cocod.loop``) as Lightning Fabric strategies, registered in Fabric's
+strategy registry when ``import lightning_cocod`` runs::
+
+    fabric = Fabric(strategy="cocod", accelerator="cpu", devices=2)   # or CoCoDFabricStrategy(tau=8)
+    fabric.launch()
+    model, optimizer = fabric.setup(model, optimizer)                  # the rounds hook the optimizer
+    ... your loop: fabric.backward(loss); optimizer.step(); optimizer.zero_grad() ...
+    with fabric.strategy.loop.averaged():                              # evaluate the workers' average
+        evaluate(model)
+    fabric.strategy.loop.close()                                       # merge, every rank the same weights
+
+These are the ``lightning_fabric`` classes; the ``lightning.fabric`` ones are in
+``lightning_cocod.lightning`` (see ``strategies.fabric``).
+"""
+
+from lightning_cocod.strategies.fabric import install
+
+_classes = install("lightning_fabric", __name__)
+CoCoDFabricStrategy, LocalSGDFabricStrategy = _classes["CoCoDFabricStrategy"], _classes["LocalSGDFabricStrategy"]
+PipeSGDFabricStrategy = _classes["PipeSGDFabricStrategy"]
+
+__all__ = ["CoCoDFabricStrategy", "LocalSGDFabricStrategy", "PipeSGDFabricStrategy"]

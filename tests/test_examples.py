@@ -1,0 +1,34 @@
+"""The loop API's examples run as their docstrings say, on 2 CPU workers, and learn."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+
+def run(*command: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def final_accuracy(output: str) -> float:
+    epochs = re.findall(r"epoch (\d+): test accuracy ([0-9.]+)", output)
+    assert [int(e) for e, _ in epochs] == list(range(5)), output  # printed once, by rank 0
+    return float(epochs[-1][1])
+
+
+def test_the_plain_pytorch_example_runs_under_torchrun():
+    output = run(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "examples/loop_example.py")
+    assert final_accuracy(output) > 0.85  # ten classes: chance is 0.1
+
+
+def test_the_fabric_example_runs():
+    assert final_accuracy(run(sys.executable, "examples/fabric_example.py")) > 0.85
