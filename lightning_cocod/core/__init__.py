@@ -16,6 +16,7 @@ _LAZY = {
     "GradientPipeline": "lightning_cocod.core.averaging",
     "average_blocking": "lightning_cocod.core.averaging",
     "has_nonfinite": "lightning_cocod.core.averaging",
+    "CompressedMean": "lightning_cocod.core.compress",
     "CommunicationError": "lightning_cocod.core.comm",
     "Communicator": "lightning_cocod.core.comm",
     "Handle": "lightning_cocod.core.comm",
@@ -25,7 +26,7 @@ _LAZY = {
     "RoundRecord": "lightning_cocod.core.stats",
 }
 __all__ = [
-    "CoCoDRound", "CommStats", "CommunicationError", "Communicator", "FiniteCheck", "FlatBuffer",
+    "CoCoDRound", "CommStats", "CommunicationError", "CompressedMean", "Communicator", "FiniteCheck", "FlatBuffer",
     "GradientPipeline", "Handle", "RoundRecord", "TorchDistCommunicator", "average_blocking", "has_nonfinite",
 ]
 

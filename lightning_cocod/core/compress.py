@@ -1,0 +1,316 @@
+"""Compressed rounds: send one round of progress in bf16 or int8 instead of the model in fp32.
+
+Every rank holds the last compressed round's result ``A``, bit-identical on all ranks. A round
+sends ``d_i = x_i - A`` (plus what quantization dropped last time: error feedback) rather than
+``x_i``: the same mean up to ``A`` (``sum_j p_j x_j = A + sum_j p_j d_j``), but values of one
+round's size, which quantize well where the raw weights would not. The sum is reduced in fp32 in
+two collectives that carry only encoded bytes:
+
+    all-to-all:  rank c receives every rank's encoded chunk c, decodes them and sums them in
+                 fp32 in rank order (plus its own error feedback for the chunk), encodes the sum;
+    all-gather:  every rank receives every encoded sum and decodes them,
+
+so every rank decodes the same bytes into the same new ``A``, and each rank sends and receives
+``2 (N - 1) / N`` of the encoded model, as a ring all-reduce does of the fp32 one. The first round
+(no ``A`` yet) is an exact fp32 mean. Where a mean is not needed bit-identical, nothing changes:
+the rounds see a Communicator like any other.
+
+The exchange runs on a thread of its own, so the caller keeps stepping while it is in flight
+(on CUDA its kernels go to a side stream, and the caller's stream waits for it at ``wait``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_cocod.core.comm import Handle, _failures_named
+
+INT8_BLOCK = 2048  # elements sharing one fp32 scale: 0.2% of the payload, and an outlier spoils only its block
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Bf16Codec:
+    """bfloat16: fp32's range with an 8-bit mantissa, two bytes an element."""
+
+    name = "bf16"
+    quantum = 2  # chunks are whole multiples of this many elements, so every payload stays aligned
+
+    def payload_bytes(self, numel: int) -> int:
+        return 2 * numel
+
+    def encode(self, values: Tensor) -> Tensor:
+        return values.to(torch.bfloat16).view(torch.uint8)
+
+    def decode(self, payload: Tensor, numel: int) -> Tensor:
+        return payload.view(torch.bfloat16).float()
+
+
+class Int8Codec:
+    """One int8 per element and one fp32 scale (the block's largest magnitude / 127) per block."""
+
+    name = "int8"
+
+    def __init__(self, block: int = INT8_BLOCK) -> None:
+        if block < 1 or block % 4:
+            raise ValueError(f"Int8Codec: block={block!r} is invalid; accepted: a positive multiple of 4")
+        self.block = block
+        self.quantum = block
+
+    def payload_bytes(self, numel: int) -> int:
+        return numel + 4 * math.ceil(numel / self.block)
+
+    def encode(self, values: Tensor) -> Tensor:
+        blocks = values.view(-1, self.block)  # chunks are whole blocks (``quantum``)
+        largest = blocks.abs().amax(dim=1)
+        # A block of (nearly) zeros: its values all go to the error feedback, never to 1/0.
+        inverse = torch.where(largest > 1e-30, 127.0 / largest, torch.zeros_like(largest))
+        codes = (blocks * inverse[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        # Scales first: the payload's start stays 4-byte aligned for their fp32 view.
+        return torch.cat([(largest / 127.0).view(torch.uint8), codes.view(-1).view(torch.uint8)])
+
+    def decode(self, payload: Tensor, numel: int) -> Tensor:
+        n_blocks = numel // self.block
+        scales = payload[: 4 * n_blocks].view(torch.float32)
+        codes = payload[4 * n_blocks :].view(torch.int8).float().view(n_blocks, self.block)
+        return (codes * scales[:, None]).view(-1)
+
+
+CODECS = {"bf16": Bf16Codec, "int8": Int8Codec}
+
+
+def make_codec(name: str | None) -> Bf16Codec | Int8Codec | None:
+    """The codec called ``name`` (None: no compression); a one-line error for any other name."""
+    if name is None:
+        return None
+    if name not in CODECS:
+        accepted = ", ".join(["None", *CODECS])
+        raise ValueError(f"compression={name!r} is invalid; accepted: {accepted}")
+    return CODECS[name]()
+
+
+def ring_bytes(nbytes: int, world_size: int) -> int:
+    """What each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N - 1) / N of it."""
+    return 2 * (world_size - 1) * nbytes // max(world_size, 1)
+
+
+class _ThreadHandle:
+    """A round run by the exchange thread; its figures are the thread's own clock readings."""
+
+    def __init__(self, future: Future, launched_at: float, done_event: Any) -> None:
+        self._future = future
+        self._done_event = done_event  # CUDA: the side stream's end of the round
+        self.launched_at = launched_at
+        self.blocked_seconds = 0.0
+        self._waited = False
+
+    def wait(self) -> None:
+        start = time.perf_counter()
+        with _failures_named():
+            self._future.result()
+        if self._done_event is not None:
+            torch.cuda.current_stream().wait_event(self._done_event)
+        self.blocked_seconds = time.perf_counter() - start
+        self._waited = True
+
+    def figures_ready(self) -> bool:
+        return self._waited
+
+    @property
+    def _figures(self) -> dict[str, float]:
+        return self._future.result()
+
+    @property
+    def comm_seconds(self) -> float:
+        return self._figures["completed_at"] - self.launched_at
+
+    @property
+    def exposed_seconds(self) -> float:
+        return self.blocked_seconds
+
+    @property
+    def codec_seconds(self) -> float:
+        return self._figures["codec_seconds"]
+
+    @property
+    def bytes_sent(self) -> int:
+        return int(self._figures["bytes_sent"])
+
+    @property
+    def bytes_received(self) -> int:
+        return int(self._figures["bytes_received"])
+
+
+class _ExactHandle:
+    """The exact fp32 mean of a round without ``A``: the inner communicator's handle, whose bytes
+    are a ring all-reduce's, and which sets ``A`` once it has landed."""
+
+    def __init__(self, inner: Handle, owner: CompressedMean, buckets: Sequence[Tensor], nbytes: int) -> None:
+        self._inner, self._owner, self._buckets = inner, owner, list(buckets)
+        self.bytes_sent = self.bytes_received = ring_bytes(nbytes, owner.world_size)
+        self.codec_seconds = 0.0
+
+    def wait(self) -> None:
+        self._inner.wait()
+        self._owner.reference = [b.detach().float().clone() for b in self._buckets]
+
+    def __getattr__(self, name: str) -> Any:  # launched_at, comm_seconds, figures_ready, ...
+        return getattr(self._inner, name)
+
+
+class CompressedMean:
+    """A Communicator whose ``start_mean`` sends encoded deltas from ``A`` (see the module).
+
+    ``comm`` is a TorchDistCommunicator (its process group carries the two collectives);
+    ``error_feedback`` keeps what encoding dropped and sends it with the next round;
+    ``delta=False`` encodes the raw values instead (against a zero reference): a control that
+    shows why the delta matters, not a user option.
+
+    State (``state_dict``): ``A``, the sender's residuals, and the residuals of the chunk this
+    rank sums. ``A`` is the same on every rank; the residuals are this rank's own.
+    """
+
+    def __init__(
+        self, comm: Any, codec: Bf16Codec | Int8Codec, error_feedback: bool = True, delta: bool = True
+    ) -> None:
+        self.comm, self.codec = comm, codec
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.error_feedback, self.delta = error_feedback, delta
+        self.reference: list[Tensor] | None = None  # A, one fp32 tensor per bucket
+        self.residuals: list[Tensor] | None = None  # what this rank's encoding dropped, in units of d
+        self.sum_residuals: list[Tensor] | None = None  # what encoding this rank's chunk of the sum dropped
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cocod-compressed-mean")
+        self._side = torch.cuda.Stream(comm.device) if comm.device.type == "cuda" else None
+        self._staged = comm.device.type == "cuda" and dist.get_backend(comm.group) == "gloo"
+
+    def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
+        share = 1.0 / self.world_size if weight is None else float(weight)
+        if self.delta and self.reference is None:
+            nbytes = sum(b.numel() * b.element_size() for b in buckets)
+            return _ExactHandle(self.comm.start_mean(buckets, weight), self, buckets, nbytes)
+        if self.reference is None:  # the raw-values control: the reference stays zero
+            self.reference = [torch.zeros(b.shape, dtype=torch.float32, device=b.device) for b in buckets]
+        launched_at = time.perf_counter()
+        done_event = None
+        if self._side is not None:
+            # The buckets were packed on the caller's stream: the side stream reads them after.
+            self._side.wait_stream(torch.cuda.current_stream())
+            done_event = torch.cuda.Event()
+        future = self._thread.submit(self._round, list(buckets), share, done_event)
+        return _ThreadHandle(future, launched_at, done_event)  # type: ignore[return-value]
+
+    def _round(self, buckets: list[Tensor], share: float, done_event: Any) -> dict[str, float]:
+        if self._side is None:
+            return self._exchange(buckets, share)
+        with torch.cuda.stream(self._side):
+            figures = self._exchange(buckets, share)
+            done_event.record(self._side)
+            self._side.synchronize()  # this thread's clock then reads the device's completion
+        figures["completed_at"] = time.perf_counter()
+        return figures
+
+    def _padded(self, numel: int) -> int:
+        chunk = math.ceil(numel / self.world_size / self.codec.quantum) * self.codec.quantum
+        return chunk * self.world_size
+
+    def _exchange(self, buckets: list[Tensor], share: float) -> dict[str, float]:
+        figures = {"codec_seconds": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0}
+        assert self.reference is not None
+        if self.residuals is None or self.sum_residuals is None:
+            self.residuals = [torch.zeros(self._padded(b.numel()), device=b.device) for b in buckets]
+            self.sum_residuals = [r.new_zeros(r.numel() // self.world_size) for r in self.residuals]
+        for index, bucket in enumerate(buckets):
+            new = self._exchange_bucket(bucket, index, share, figures)
+            self.reference[index].copy_(new)
+            bucket.copy_(new)
+        figures["completed_at"] = time.perf_counter()
+        return figures
+
+    def _exchange_bucket(self, bucket: Tensor, index: int, share: float, figures: dict[str, float]) -> Tensor:
+        assert self.reference is not None and self.residuals is not None and self.sum_residuals is not None
+        n, codec, world = bucket.numel(), self.codec, self.world_size
+        residual, sum_residual = self.residuals[index], self.sum_residuals[index]
+        chunk = residual.numel() // world
+        clock = time.perf_counter()
+        # d_i (with what the last round dropped), padded with zeros to whole chunks.
+        delta = residual.clone() if self.error_feedback else torch.zeros_like(residual)
+        delta[:n] += bucket.float() - self.reference[index]
+        outgoing = delta * share
+        encoded = [codec.encode(part) for part in outgoing.split(chunk)]
+        if self.error_feedback:
+            sent = torch.cat([codec.decode(e, chunk) for e in encoded])
+            residual.copy_(delta - sent / share)
+        send = torch.cat(encoded)
+        figures["codec_seconds"] += time.perf_counter() - clock
+
+        received = self._collective(dist.all_to_all_single, send, send.numel())
+
+        clock = time.perf_counter()
+        size = send.numel() // world
+        parts = [codec.decode(received[j * size : (j + 1) * size], chunk) for j in range(world)]
+        mine = torch.stack(parts).sum(dim=0)  # the same order of additions on every rank
+        if self.error_feedback:
+            mine += sum_residual
+        mine_encoded = codec.encode(mine)
+        if self.error_feedback:
+            sum_residual.copy_(mine - codec.decode(mine_encoded, chunk))
+        figures["codec_seconds"] += time.perf_counter() - clock
+
+        gathered = self._collective(_ALL_GATHER, mine_encoded, size * world)
+
+        clock = time.perf_counter()
+        total = torch.cat([codec.decode(gathered[j * size : (j + 1) * size], chunk) for j in range(world)])
+        new = self.reference[index] + total[:n]
+        figures["codec_seconds"] += time.perf_counter() - clock
+        figures["bytes_sent"] += 2 * (world - 1) * size
+        figures["bytes_received"] += 2 * (world - 1) * size
+        return new
+
+    def _collective(self, collective: Any, payload: Tensor, out_numel: int) -> Tensor:
+        """Run ``collective(out, payload)`` on the group; gloo takes CUDA payloads through the host."""
+        wire = payload.cpu() if self._staged else payload
+        out = torch.empty(out_numel, dtype=torch.uint8, device=wire.device)
+        with _failures_named():
+            collective(out, wire, group=self.comm.group)
+        return out.to(payload.device) if self._staged else out
+
+    def state_dict(self) -> dict[str, Any]:
+        def saved(tensors: list[Tensor] | None) -> list[Tensor] | None:
+            return None if tensors is None else [t.detach().cpu().clone() for t in tensors]
+
+        return {
+            "codec": self.codec.name,
+            "reference": saved(self.reference),
+            "residuals": saved(self.residuals),
+            "sum_residuals": saved(self.sum_residuals),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("codec") != self.codec.name:
+            raise ValueError(
+                f"compression state for codec {state.get('codec')!r} cannot resume a run with "
+                f"compression={self.codec.name!r}; accepted: the codec the run was saved with"
+            )
+        device = self.comm.device
+
+        def loaded(tensors: list[Tensor] | None) -> list[Tensor] | None:
+            return None if tensors is None else [t.to(device).clone() for t in tensors]
+
+        self.reference = loaded(state["reference"])
+        self.residuals = loaded(state["residuals"])
+        self.sum_residuals = loaded(state["sum_residuals"])
+
+    def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
+        self.comm.broadcast(buckets, src)
+
+    def destroy(self) -> None:
+        self._thread.shutdown(wait=True)
+        self.comm.destroy()

@@ -1,0 +1,169 @@
+"""The codecs against formulas written out here, and the compressed mean on 2 and 4 gloo ranks:
+after every round the new average is bit-identical on all ranks, close to the exact mean, and it
+keeps the mean exactly up to what the residuals hold (error feedback loses nothing)."""
+
+import math
+import multiprocessing
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lightning_cocod.core.compress import Bf16Codec, CompressedMean, Int8Codec, make_codec, ring_bytes
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_bf16_is_a_cast():
+    x = torch.randn(1000) * 3
+    payload = Bf16Codec().encode(x)
+    assert payload.dtype == torch.uint8 and payload.numel() == 2000
+    assert torch.equal(Bf16Codec().decode(payload, 1000), x.to(torch.bfloat16).to(torch.float32))
+
+
+def test_int8_against_the_block_formula():
+    block = 8
+    x = torch.tensor([0.5, -1.0, 0.25, 0.0, 0.1, -0.2, 0.3, 0.04] + [0.0] * 8 + [1e-3] * 8)
+    codec = Int8Codec(block)
+    payload = codec.encode(x)
+    assert payload.numel() == codec.payload_bytes(24) == 24 + 4 * 3
+    decoded = codec.decode(payload, 24)
+    for b in range(3):
+        part = x[b * block : (b + 1) * block]
+        scale = part.abs().max().item() / 127
+        expected = [0.0 if scale == 0 else round(v / scale) * scale for v in part.tolist()]
+        assert decoded[b * block : (b + 1) * block].tolist() == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    # Every element within half a step of its block's scale.
+    scales = x.view(3, block).abs().amax(dim=1) / 127
+    assert bool(((decoded - x).abs().view(3, block) <= scales[:, None] / 2 + 1e-9).all())
+
+
+def test_codec_names():
+    assert make_codec(None) is None
+    assert isinstance(make_codec("int8"), Int8Codec)
+    with pytest.raises(ValueError, match="compression='fp8' is invalid; accepted: None, bf16, int8"):
+        make_codec("fp8")
+    with pytest.raises(ValueError, match="block=6"):
+        Int8Codec(6)
+
+
+def test_ring_bytes():
+    assert ring_bytes(1000, 2) == 1000
+    assert ring_bytes(1000, 4) == 1500
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Comm:
+    """The part of TorchDistCommunicator that CompressedMean uses, on the default group."""
+
+    def __init__(self) -> None:
+        self.group = dist.group.WORLD
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cpu")
+
+    def start_mean(self, buckets, weight=None):
+        from lightning_cocod.core.comm import TorchDistCommunicator
+
+        return TorchDistCommunicator(None, self.device).start_mean(buckets, weight)
+
+    def broadcast(self, buckets, src):
+        raise AssertionError("not used")
+
+    def destroy(self):
+        pass
+
+
+def _gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return out
+
+
+def _ranks_body(rank: int, world: int, port: int, codec_name: str, weights: list[float] | None, errors) -> None:
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        codec = make_codec(codec_name)
+        mean = CompressedMean(_Comm(), codec)
+        n = 5000  # not a multiple of the chunks: the padding is exercised
+        weight = None if weights is None else weights[rank]
+        shares = [1 / world] * world if weights is None else weights
+        x = torch.randn(n, generator=torch.Generator().manual_seed(1234))  # one start, as after a broadcast
+        gen = torch.Generator().manual_seed(rank)
+        for round_ in range(6):
+            x = x + 0.01 * torch.randn(n, generator=gen)  # one round of progress
+            everyone = _gathered(x.clone())
+            exact = sum(s * xi for s, xi in zip(shares, everyone))
+            before = _residual_total(mean, shares, n)
+            bucket = x.clone()
+            handle = mean.start_mean([bucket], weight)
+            handle.wait()
+            # Bit-identical on every rank, as the reference A is.
+            for other in _gathered(bucket):
+                assert torch.equal(other, bucket), f"round {round_}: ranks differ"
+            assert torch.equal(mean.reference[0], bucket)
+            if round_ == 0:
+                assert torch.allclose(bucket, exact, atol=1e-6)  # the first round is the exact mean
+                continue
+            # Close to the exact mean: within a few percent of how far the ranks are apart.
+            spread = max((xi - exact).abs().max().item() for xi in everyone)
+            assert (bucket - exact).abs().max().item() < 0.05 * spread
+            # Error feedback: A_new = mean + (residuals before - residuals after), to rounding.
+            after = _residual_total(mean, shares, n)
+            assert torch.allclose(bucket, exact + before - after, atol=1e-5), round_
+            chunk_bytes = codec.payload_bytes(mean.residuals[0].numel() // world)
+            assert handle.bytes_sent == handle.bytes_received == 2 * (world - 1) * chunk_bytes
+            assert handle.codec_seconds > 0 and handle.comm_seconds >= handle.codec_seconds
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _residual_total(mean: CompressedMean, shares: list[float], n: int) -> torch.Tensor:
+    """sum_j p_j r_j + the residuals of the sums, over the whole (unpadded) vector."""
+    if mean.residuals is None:
+        return torch.zeros(n)
+    senders = sum(s * r for s, r in zip(shares, _gathered(mean.residuals[0] * 1.0)))
+    own = torch.cat(_gathered(mean.sum_residuals[0].clone()))
+    return (senders + own)[:n]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "world, codec, weights",
+    [(2, "int8", None), (2, "bf16", None), (4, "int8", None), (4, "bf16", [0.1, 0.2, 0.3, 0.4])],
+)
+def test_compressed_mean_on_gloo(world, codec, weights):
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, errors)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    found = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    assert not found, "\n".join(found)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+def test_bytes_against_fp32():
+    """The ratio the issue asks for, from the payload sizes: int8 >= 3.5x, bf16 >= 1.9x fewer."""
+    numel, world = 11_000_000, 4  # ResNet18-sized
+    for codec, least in ((Int8Codec(), 3.5), (Bf16Codec(), 1.9)):
+        chunk = math.ceil(numel / world / codec.quantum) * codec.quantum
+        compressed = 2 * (world - 1) * codec.payload_bytes(chunk)
+        assert ring_bytes(4 * numel, world) / compressed >= least
