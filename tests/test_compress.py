@@ -12,25 +12,32 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_cocod.core.compress import Bf16Codec, CompressedMean, Int8Codec, make_codec, ring_bytes
+from lightning_cocod.core.compress import SLICE, Bf16Codec, CompressedMean, Int8Codec, make_codec, ring_bytes
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_bf16_is_a_cast():
     x = torch.randn(1000) * 3
-    payload = Bf16Codec().encode(x)
-    assert payload.dtype == torch.uint8 and payload.numel() == 2000
+    payload = torch.empty(2000, dtype=torch.uint8)
+    kept = Bf16Codec().encode(x, payload)
     assert torch.equal(Bf16Codec().decode(payload, 1000), x.to(torch.bfloat16).to(torch.float32))
+    assert torch.equal(kept, x.to(torch.bfloat16).to(torch.float32))
+    # A factor scales what is sent; what is kept is over the factor again.
+    kept = Bf16Codec().encode(x, payload, factor=0.25)
+    assert torch.equal(Bf16Codec().decode(payload, 1000), (x * 0.25).to(torch.bfloat16).float())
+    assert torch.allclose(kept, x, rtol=2**-8)
 
 
 def test_int8_against_the_block_formula():
     block = 8
     x = torch.tensor([0.5, -1.0, 0.25, 0.0, 0.1, -0.2, 0.3, 0.04] + [0.0] * 8 + [1e-3] * 8)
     codec = Int8Codec(block)
-    payload = codec.encode(x)
-    assert payload.numel() == codec.payload_bytes(24) == 24 + 4 * 3
-    decoded = codec.decode(payload, 24)
+    assert codec.payload_bytes(24) == 24 + 4 * 3
+    payload = torch.empty(codec.payload_bytes(24), dtype=torch.uint8)
+    kept = codec.encode(x, payload, factor=0.5)
+    decoded = codec.decode(payload, 24) / 0.5
+    assert torch.allclose(kept, decoded)
     for b in range(3):
         part = x[b * block : (b + 1) * block]
         scale = part.abs().max().item() / 127
@@ -87,13 +94,12 @@ def _gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def _ranks_body(rank: int, world: int, port: int, codec_name: str, weights: list[float] | None, errors) -> None:
+def _ranks_body(rank: int, world: int, port: int, codec_name: str, weights, n: int, errors) -> None:
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
         codec = make_codec(codec_name)
         mean = CompressedMean(_Comm(), codec)
-        n = 5000  # not a multiple of the chunks: the padding is exercised
         weight = None if weights is None else weights[rank]
         shares = [1 / world] * world if weights is None else weights
         x = torch.randn(n, generator=torch.Generator().manual_seed(1234))  # one start, as after a broadcast
@@ -140,14 +146,20 @@ def _residual_total(mean: CompressedMean, shares: list[float], n: int) -> torch.
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    "world, codec, weights",
-    [(2, "int8", None), (2, "bf16", None), (4, "int8", None), (4, "bf16", [0.1, 0.2, 0.3, 0.4])],
+    "world, codec, weights, n",
+    # Sizes that are no multiple of the chunks (padding), and one of several slices per chunk.
+    [
+        (2, "int8", None, 5000),
+        (2, "bf16", None, 5000),
+        (4, "int8", None, 3 * SLICE * 4 + 4097),
+        (4, "bf16", [0.1, 0.2, 0.3, 0.4], 5000),
+    ],
 )
-def test_compressed_mean_on_gloo(world, codec, weights):
+def test_compressed_mean_on_gloo(world, codec, weights, n):
     ctx = multiprocessing.get_context("fork")
     errors = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, errors)) for r in range(world)]
+    procs = [ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, n, errors)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
