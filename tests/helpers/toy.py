@@ -222,12 +222,17 @@ def reference_pipe_sgd(world: int, steps: int):
     return trajectory, w.state()
 
 
-def reference_ssgd(world: int, steps: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY):
+def reference_ssgd(
+    world: int, steps: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY, mean=None
+):
+    """``mean``: how the ranks' gradients of one tensor become the one every rank applies
+    (default: the fp32 mean)."""
     w = _Workers(world, steps, momentum, weight_decay)
     trajectory = []
+    reduce = mean or (lambda grads: sum(grads) / world)
     for step in range(steps):
         w.grads(step)
-        mean = [sum(w.params(r)[k].grad for r in range(world)) / world for k in range(len(w.params(0)))]
+        mean = [reduce([w.params(r)[k].grad for r in range(world)]) for k in range(len(w.params(0)))]
         for r in range(world):
             for k, p in enumerate(w.params(r)):
                 p.grad = mean[k].clone()
