@@ -48,6 +48,9 @@ STRATEGIES = {
     "local_sgd": lambda: LocalSGDStrategy(tau=4, start_method="fork"),
     "pipe_sgd": lambda: PipeSGDStrategy(start_method="fork"),
     "ssgd": lambda: "ssgd_fork",
+    # Compressed rounds resume with their reference average and residuals, bit for bit.
+    "cocod_int8": lambda: CoCoDStrategy(tau=4, compression="int8", start_method="fork"),
+    "local_sgd_bf16": lambda: LocalSGDStrategy(tau=4, compression="bf16", start_method="fork"),
 }
 
 

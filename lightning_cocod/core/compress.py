@@ -364,6 +364,13 @@ class CompressedMean:
     def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
         self.comm.broadcast(buckets, src)
 
-    def destroy(self) -> None:
+    def reset(self) -> None:
+        """Forget ``A`` and the residuals (they took in non-finite values): the next round is exact."""
+        self.reference = self.residuals = self.sum_residuals = None
+
+    def close(self) -> None:
+        """Stop the exchange thread; the process group is the inner communicator's, left as it is."""
         self._thread.shutdown(wait=True)
-        self.comm.destroy()
+
+    def destroy(self) -> None:
+        self.close()

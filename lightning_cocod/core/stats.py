@@ -13,6 +13,9 @@ class RoundRecord:
     exposed_seconds: float  # time blocked waiting for it
     nbytes: int  # payload of the collective (what each rank contributes)
     launched_at: float = 0.0  # time.perf_counter() at launch
+    bytes_sent: int = 0  # what this rank put on the wire (a ring all-reduce: 2 (N - 1) / N of nbytes)
+    bytes_received: int = 0
+    codec_seconds: float = 0.0  # encoding and decoding a compressed round (part of comm_seconds)
 
     @property
     def completed_at(self) -> float:
@@ -74,6 +77,9 @@ class CommStats:
             "comm_seconds": self.comm_seconds,
             "exposed_seconds": self.exposed_seconds,
             "bytes": self.nbytes,
+            "bytes_sent": sum(r.bytes_sent for r in self.rounds),
+            "bytes_received": sum(r.bytes_received for r in self.rounds),
+            "codec_seconds": sum(r.codec_seconds for r in self.rounds),
             "hidden_fraction": self.hidden_fraction,
         }
 

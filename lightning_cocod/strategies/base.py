@@ -124,6 +124,7 @@ class SyncStrategyBase(StrategyCommon):
             if mine is not None:
                 # This rank's own share (rank 0's is in the strategy state of older checkpoints).
                 self.rounds.weight = mine.get("weight", self.rounds.weight)
+                self.rounds.load_rank_state(mine.get("rounds", {}))
 
     def _check_fit(self) -> None:
         if len(self.optimizers) != 1:
@@ -224,6 +225,7 @@ class SyncStrategyBase(StrategyCommon):
             "optimizer_states": [self.optimizer_state(o) for o in self.optimizers],
             "rng": rng_state(),
             "weight": self.rounds.weight,  # a share of its own under proportional sampling
+            "rounds": self.rounds.rank_state(),
         }
         if self.world_size > 1 and not dist.is_initialized():
             # The main process after a spawn/fork fit (trainer.save_checkpoint there): it holds

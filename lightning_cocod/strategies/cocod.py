@@ -91,7 +91,8 @@ class CoCoDRounds(Rounds):
 
     def build(self) -> None:
         assert self.comm is not None
-        self.round = CoCoDRound(self.tensors, self.comm, self.weight, self.progress)
+        assert self.round_comm is not None
+        self.round = CoCoDRound(self.tensors, self.round_comm, self.weight, self.progress)
         self._rounds_finished = 0
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
         self._timing, self._measured = None, None
@@ -177,6 +178,8 @@ class CoCoDRounds(Rounds):
         where = f"in the snapshot of the round launched at step {self._launch_step}"
         if self.raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):
             self.round.abandon()  # on_nonfinite="skip": this round is not merged anywhere
+            if self.compressed is not None:  # its reference and residuals took the bad values in
+                self.compressed.reset()
             return
         merging = time.perf_counter()
         self.follow_model()  # the merge lands in the weights the model holds now
@@ -272,6 +275,12 @@ class CoCoDMethod(SyncStrategyBase):
             learning rate): on the README's accuracy study 0.5 closed most of the gap to S-SGD
             at 4 workers and the largest learning rate, and lost accuracy at a smaller one and
             at 8 workers. One worker has no rounds, so it trains as plain SGD whatever this is.
+        compression: None (fp32, the default), "bf16" or "int8" (one int8 per element and an
+            fp32 scale per 2,048): a round sends the worker's progress since the last average
+            ``A``, encoded, instead of its weights, and the sum is reduced in fp32 so that every
+            rank gets the same new ``A`` (``core.compress``): about 2x and 4x fewer bytes. The
+            first round of a fit is exact. ``error_feedback`` (default True) adds what encoding
+            dropped to the next round, so nothing is lost, only delayed.
         average_buffers: round BatchNorm running statistics (floating-point buffers) with the
             parameters; integer buffers always stay local.
     """
@@ -286,7 +295,12 @@ class CoCoDMethod(SyncStrategyBase):
         tau_min: int | None = None,
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
+        compression: str | None = None,
+        error_feedback: bool = True,
         **kwargs: Any,
     ) -> None:
-        rounds = partial(CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress)
+        rounds = partial(
+            CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
+            compression=compression, error_feedback=error_feedback,
+        )
         super().__init__(rounds, **kwargs)

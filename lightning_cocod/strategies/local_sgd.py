@@ -28,7 +28,7 @@ class LocalSGDRounds(Rounds):
 
     def end_step(self) -> None:
         if self.steps % self.tau == 0:
-            handle = self.average_now("round")
+            handle = self.average_now("round", comm=self.round_comm)
             self.record(handle, self.steps, self.scratch_buffer().nbytes)
 
 
@@ -41,9 +41,14 @@ class LocalSGDMethod(SyncStrategyBase):
     Args:
         tau: optimizer steps between two averages.
         average_buffers: average BatchNorm running statistics with the parameters.
+        compression: None, "bf16" or "int8": each average sent as encoded deltas from the last
+            one (see ``CoCoDMethod``); ``error_feedback`` keeps what encoding dropped for the next.
     """
 
     tau = of_rounds("tau")
 
-    def __init__(self, tau: int = 4, **kwargs: Any) -> None:
-        super().__init__(partial(LocalSGDRounds, tau=tau), **kwargs)
+    def __init__(
+        self, tau: int = 4, compression: str | None = None, error_feedback: bool = True, **kwargs: Any
+    ) -> None:
+        rounds = partial(LocalSGDRounds, tau=tau, compression=compression, error_feedback=error_feedback)
+        super().__init__(rounds, **kwargs)

@@ -44,6 +44,7 @@ from lightning_cocod.core import (
     average_blocking,
     has_nonfinite,
 )
+from lightning_cocod.core.compress import CompressedMean, make_codec, ring_bytes
 from lightning_cocod.strategies.health import NonFiniteError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,25 @@ log = logging.getLogger(__name__)
 class Rounds:
     """The algorithm-independent part of a round; ``owner`` names the strategy in messages."""
 
-    def __init__(self, owner: str, *, average_buffers: bool = True, on_nonfinite: str = "raise") -> None:
+    def __init__(
+        self,
+        owner: str,
+        *,
+        average_buffers: bool = True,
+        on_nonfinite: str = "raise",
+        compression: str | None = None,
+        error_feedback: bool = True,
+    ) -> None:
+        try:
+            self.codec = make_codec(compression)
+        except ValueError as err:
+            raise ValueError(f"{owner}: {err}") from None
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{owner}: error_feedback must be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        # The periodic average in encoded deltas (core.compress): the algorithms that average the
+        # model every round send it through ``round_comm``; consistency points stay exact.
+        self.compressed: CompressedMean | None = None
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
         if not isinstance(average_buffers, bool):
@@ -82,6 +101,10 @@ class Rounds:
         options: dict[str, Any] = {"average_buffers": self.average_buffers}
         if self.on_nonfinite != "raise":
             options["on_nonfinite"] = self.on_nonfinite
+        if self.codec is not None:
+            options["compression"] = self.codec.name
+            if not self.error_feedback:
+                options["error_feedback"] = False
         return options
 
     def attach(
@@ -100,8 +123,15 @@ class Rounds:
         self.steps = 0
         self.comm_stats = CommStats()
         self._unrecorded = []
+        if self.comm is not None and self.codec is not None:
+            self.compressed = CompressedMean(self.comm, self.codec, self.error_feedback)
         if self.comm is not None:
             self.build()
+
+    @property
+    def round_comm(self) -> Communicator | None:
+        """What a round's average goes through: the compressed mean when ``compression`` is set."""
+        return self.compressed if self.compressed is not None else self.comm
 
     def build(self) -> None:
         """Allocate what the algorithm needs (flat buffers) over ``tensors``."""
@@ -210,13 +240,14 @@ class Rounds:
             self._scratch = FlatBuffer(self.tensors)
         return self._scratch
 
-    def average_now(self, what: str = "average", swap: bool = False) -> Handle:
-        """Blocking weighted average of the model tensors on every rank (see average_blocking);
-        a worker with non-finite values stops everyone before anything is sent."""
+    def average_now(self, what: str = "average", swap: bool = False, comm: Communicator | None = None) -> Handle:
+        """Blocking weighted average of the model tensors on every rank (see average_blocking),
+        on ``comm`` (default: the exact one); a worker with non-finite values stops everyone
+        before anything is sent."""
         assert self.comm is not None
         self.follow_model()
         check = lambda buckets: self.agree_finite(has_nonfinite(buckets), what)
-        return average_blocking(self.tensors, self.scratch_buffer(), self.comm, self.weight, check, swap)
+        return average_blocking(self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, check, swap)
 
     def flat_buffers(self) -> list[FlatBuffer]:
         """Every flat buffer held (the memory overhead, in model copies)."""
@@ -239,8 +270,15 @@ class Rounds:
         while self._unrecorded and (force or self._unrecorded[0][0].figures_ready()):
             handle, launch_step, finish_step, nbytes, also_waited = self._unrecorded.pop(0)
             exposed = handle.exposed_seconds + also_waited
+            # An exact round is a ring all-reduce of the buffer (torch tells no byte counts).
+            ring = ring_bytes(nbytes, self.world_size)
             self.comm_stats.add(
-                RoundRecord(launch_step, finish_step, handle.comm_seconds, exposed, nbytes, handle.launched_at)
+                RoundRecord(
+                    launch_step, finish_step, handle.comm_seconds, exposed, nbytes, handle.launched_at,
+                    bytes_sent=getattr(handle, "bytes_sent", ring),
+                    bytes_received=getattr(handle, "bytes_received", ring),
+                    codec_seconds=getattr(handle, "codec_seconds", 0.0),
+                )
             )
 
     def figures(self) -> dict[str, float]:
@@ -250,6 +288,8 @@ class Rounds:
             "comm/round_seconds": last.comm_seconds,
             "comm/exposed_seconds": last.exposed_seconds,
             "comm/bytes": float(last.nbytes),
+            "comm/bytes_sent": float(last.bytes_sent),
+            "comm/codec_seconds": last.codec_seconds,
             "comm/hidden_fraction": last.hidden_fraction,
             "comm/hidden_fraction_total": self.comm_stats.hidden_fraction,
         }
@@ -336,6 +376,9 @@ class Rounds:
             with contextlib.suppress(Exception):  # a peer may be gone: what is in flight is lost with it
                 self.flush()
                 self.record_ready(force=True)
+        if self.compressed is not None:
+            self.compressed.close()
+            self.compressed = None
         self.comm = self.control = None
         self._scratch = None
         self.tensors = []
@@ -352,6 +395,18 @@ class Rounds:
                 f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
             )
         self.steps = state["steps"]
+
+    def rank_state(self) -> dict[str, Any]:
+        """What resuming needs of this rank's own (the compressed rounds' reference and residuals)."""
+        return {"compression": self.compressed.state_dict()} if self.compressed is not None else {}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        saved = state.get("compression")
+        if self.compressed is not None and saved is not None:
+            try:
+                self.compressed.load_state_dict(saved)
+            except ValueError as err:
+                raise ValueError(f"{self.owner}: {err}") from None
 
     def results(self) -> dict[str, Any]:
         """What a spawn/fork parent learns from rank 0 when fit ends. Plain data: Lightning's
