@@ -102,6 +102,7 @@ class _RoundsLoop:
                 self._check_same_start()
             if self._loaded is not None:
                 self.rounds.load_state(self._loaded)
+                self.rounds.load_rank_state(self._loaded.get("rank", {}))
         except Exception:
             self._release()
             raise
@@ -192,10 +193,14 @@ class _RoundsLoop:
         block it is a synchronisation point, as the strategies' checkpoints are: every rank calls
         it, the pending round is merged and every rank takes the average, so the model's state
         is the run's (save each rank's optimizer state too: momentum stays local)."""
-        if self._hooks:
-            self.rounds.run(self.rounds.sync)
-            self.rounds.run(self.rounds.begin_step)
-        return self.rounds.state()
+        # This rank's own part (compressed rounds' reference and residuals): each rank saves its
+        # own, taken before the next round is launched and starts changing it.
+        if not self._hooks:
+            return {**self.rounds.state(), "rank": self.rounds.rank_state()}
+        self.rounds.run(self.rounds.sync)
+        state = {**self.rounds.state(), "rank": self.rounds.rank_state()}
+        self.rounds.run(self.rounds.begin_step)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``, before entering (the model's and the optimizer's state
@@ -209,7 +214,8 @@ class _RoundsLoop:
 class CoCoD(_RoundsLoop):
     """CoCoD-SGD: the round's all-reduce of the model overlaps ``tau`` local steps (see
     ``CoCoDStrategy``, whose options these are: ``tau`` (an integer or ``"auto"``), ``tau_min``,
-    ``tau_max``, ``progress``, ``average_buffers``, ``on_nonfinite``), on the default process group
+    ``tau_max``, ``progress``, ``average_buffers``, ``on_nonfinite``, ``compression``,
+    ``error_feedback``), on the default process group
     or ``group``; ``weight``: this rank's share of every average (None: the plain mean);
     ``timeout``: seconds (or a timedelta) before a collective gives up on a peer."""
 

@@ -34,7 +34,9 @@ def train(rank, method, steps=STEPS, folder=None, save_at=None, resume=False):
     the rounds (launch and finish steps) and, from a save, the loop's state."""
     model = toy.initial_model()
     optimizer = sgd(model)
-    loop = LOOPS[method](model, optimizer, **({} if method == "pipe_sgd" else {"tau": TAU}))
+    method, _, codec = method.partition("+")  # "cocod+int8": compressed rounds
+    options = ({} if method == "pipe_sgd" else {"tau": TAU}) | ({"compression": codec} if codec else {})
+    loop = LOOPS[method](model, optimizer, **options)
     if resume:
         saved = torch.load(Path(folder, f"rank{rank}.pt"), weights_only=True)
         model.load_state_dict(saved["model"])
@@ -102,7 +104,7 @@ def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
         torch.testing.assert_close(torch.tensor(loop[rank][0]), torch.tensor(reference[rank]), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["cocod", "local_sgd"])
+@pytest.mark.parametrize("method", ["cocod", "local_sgd", "cocod+int8", "local_sgd+bf16"])
 def test_state_dict_resumes_mid_round_exactly(tmp_path, method):
     straight = results(run_ranks(train, tmp_path / "straight", method, STEPS, tmp_path, SAVE_AT))
     resumed = results(run_ranks(train, tmp_path / "resumed", method, STEPS, tmp_path, None, True))
