@@ -235,7 +235,8 @@ class CompressedMean:
     def _round(self, buckets: list[Tensor], share: float, done_event: Any) -> dict[str, float]:
         if self._side is None:
             return self._exchange(buckets, share)
-        with torch.cuda.stream(self._side):
+        # This thread's current device is cuda:0 until told: the side stream's device, explicitly.
+        with torch.cuda.device(self._side.device), torch.cuda.stream(self._side):
             figures = self._exchange(buckets, share)
             done_event.record(self._side)
             self._side.synchronize()  # this thread's clock then reads the device's completion
