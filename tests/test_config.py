@@ -12,11 +12,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.strategies import Strategy
 
-from lightning_cocod.app.checks import ConfigError, check_values
+from lightning_cocod.app.checks import ConfigError, check
 from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import world_size
-from lightning_cocod.app.objects import check_objects
-from lightning_cocod.app.preflight import config_dir, duplicate_jobs, job_overrides, preflight, ssgd_first
+from lightning_cocod.app.preflight import config_dir, job_overrides, run_order
+from tests.helpers.app import preflight
 
 CONF = config_dir()
 REPO = CONF.parent
@@ -48,9 +48,9 @@ def _env(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 16)
 
 
-def compose_all(overrides: list[str], multirun: bool = False):
+def compose_all(overrides: list[str]):
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="train"):
-        return [compose("train", job) for job in job_overrides(overrides, multirun)]
+        return [compose("train", overrides)]
 
 
 def test_groups_have_the_options_the_layout_promises():
@@ -67,8 +67,7 @@ def test_every_option_composes_and_passes_the_checks(group):
     for option in options(group):
         extra = ["run_id=r1"] if option in ("torchrun", "slurm") else []
         (cfg,) = compose_all([f"{group}={option}", *extra])
-        check_values(cfg)
-        check_objects(cfg)
+        check(cfg)
 
 
 DATA_OF_MODEL = {"small_cnn": "data=digits", "mnist1d_cnn": "data=mnist1d"}
@@ -94,7 +93,7 @@ def test_every_target_instantiates(tmp_path):
 @pytest.mark.parametrize("launcher", ["cpu", "gpu", "torchrun", "slurm"])
 def test_every_experiment_composes_with_every_launcher(experiment, launcher):
     (cfg,) = compose_all([f"experiment={experiment}", f"launcher={launcher}", "run_id=r1"])
-    check_values(cfg)
+    check(cfg)
     assert cfg.name == experiment and cfg.group == experiment
 
 
@@ -157,16 +156,16 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
                 continue
             commands += 1
             multirun = "--multirun" in args
-            jobs = job_overrides([a for a in args if a != "--multirun"], multirun)
+            overrides = [a for a in args if a != "--multirun"]
+            jobs = job_overrides(overrides) if multirun else [overrides]
             assert len(jobs) > 1 if multirun else len(jobs) == 1
             # Seeds change no key: one job per distinct rest keeps the test short (compose ~0.1 s).
             distinct = {tuple(o for o in job if not o.startswith("seed=")): job for job in jobs}
             configs = [compose_all(job)[0] for job in distinct.values()]
             for cfg in configs:
-                check_values(cfg)
+                check(cfg)  # the objects too (~0.1 s a job)
                 if mode in ("torchrun", "slurm", "node16"):
                     assert world_size(cfg) == 16
-            check_objects(configs[0])
     assert commands >= len(RECIPE_MODES[recipe])
 
 
@@ -294,31 +293,41 @@ def test_preflight_passes_a_sweep_and_returns_every_job():
         ("LocalSGDStrategy", 2),
         ("LocalSGDStrategy", 4),
     ]
-    assert duplicate_jobs(configs) == {}  # every job differs
+    assert run_order(configs) == ([0, 1, 2, 3], {})  # every job differs, none is S-SGD
 
 
 def test_a_sweep_runs_ssgd_first_and_once_per_condition_whatever_the_periods():
-    argv = ssgd_first(["-m", "experiment=smoke", "tau=2,4", "strategy=cocod,ssgd,pipe_sgd"])
-    assert argv == ["-m", "strategy=ssgd,cocod,pipe_sgd", "experiment=smoke", "tau=2,4"]
-    configs = preflight(argv)
+    configs = preflight(["-m", "experiment=smoke", "tau=2,4", "strategy=cocod,ssgd,pipe_sgd"])
     jobs = [(c.strategy._target_.rpartition(".")[2], c.tau) for c in configs]
-    assert jobs[:2] == [("SSGDStrategy", 2), ("SSGDStrategy", 4)]
+    assert jobs == [(s, t) for t in (2, 4) for s in ("CoCoDStrategy", "SSGDStrategy", "PipeSGDStrategy")]
+    order, repeats = run_order(configs)
+    assert order == [1, 4, 0, 2, 3, 5]  # S-SGD first, the others as listed
     # S-SGD and Pipe-SGD at tau=4 repeat their tau=2 jobs; CoCoD at each tau is its own.
-    assert duplicate_jobs(configs) == {1: 0, 5: 4}
-    assert duplicate_jobs(preflight(["-m", "experiment=smoke", "strategy=ssgd", "tau=2,4", "seed=0,1"])) == {
+    assert repeats == {4: 1, 5: 2}
+    assert run_order(preflight(["-m", "experiment=smoke", "strategy=ssgd", "tau=2,4", "seed=0,1"]))[1] == {
         2: 0,
         3: 1,
     }
-    assert ssgd_first(["experiment=smoke", "strategy=cocod"]) == ["experiment=smoke", "strategy=cocod"]
-    assert ssgd_first(["-m", "strategy=ssgd,cocod", "tau=2"]) == ["-m", "strategy=ssgd,cocod", "tau=2"]
 
 
+@pytest.mark.timeout(120)
 def test_commands_that_run_nothing_need_no_data_and_no_checks(tmp_path, monkeypatch):
     monkeypatch.setenv("COCOD_DATA", str(tmp_path / "nothing-here"))
-    for argv in (["--cfg", "job"], ["--help"], ["--cfg", "job", "out_root=/proc/x"], ["--info"]):
-        assert preflight(argv) == []
+    (tmp_path / "empty").mkdir()
+    commands = (["--cfg", "job", "out_root=/proc/x"], ["--info"])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "lightning_cocod.app.train", *argv],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        )
+        for argv in commands
+    ]
+    for argv, proc in zip(commands, procs):
+        out, err = proc.communicate(timeout=110)
+        assert proc.returncode == 0 and "error" not in err, (argv, out, err)
     with pytest.raises(ConfigError, match="data.root="):  # a run needs the data
         preflight([])
+    assert list((tmp_path / "empty").iterdir()) == []  # no run folder either
 
 
 @pytest.mark.timeout(60)
@@ -364,8 +373,7 @@ def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
     common = [f"out_root={out}", "run_id=r", "checkpoint.resume=auto"]
     assert preflight(common) and not out.exists()  # nothing to continue: a fresh start, and valid
     job = out / "default" / "r"
-    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
-        cfg = compose("train", common)
+    (cfg,) = compose_all(common)
     assert resume_checkpoint(cfg, job) is None
     (job / "checkpoints").mkdir(parents=True)
     older, newer = job / "checkpoints" / "last.ckpt", job / "checkpoints" / "last-v1.ckpt"

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_wheel_lists_every_package_of_the_source_tree():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "lightning_cocod").rglob("__init__.py")}
-    assert listed == found | {"lightning_cocod.conf"}
+    plugins = {".".join(p.relative_to(ROOT).parts) for p in (ROOT / "hydra_plugins").iterdir() if p.is_dir()}
+    assert listed == found | {"lightning_cocod.conf"} | (plugins - {"hydra_plugins.__pycache__"})
 
 
 @pytest.mark.slow
@@ -25,7 +26,7 @@ def test_an_installed_package_trains_from_an_empty_folder(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("lightning_cocod", "conf"):
+    for folder in ("lightning_cocod", "hydra_plugins", "conf"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     # The wheel is built with this environment's setuptools (no download) ...
     subprocess.run(

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.checks import ConfigError
-from lightning_cocod.app.claim import CLAIM, claim_command
-from lightning_cocod.app.preflight import preflight
+from lightning_cocod.app.claim import CLAIM, claim_run
+from tests.helpers.app import preflight
 from tests.test_train_app import TINY, run_app
 
 
@@ -28,6 +28,7 @@ def _clock_config(out_root: Path, resume=None):
             "run_id": "${launcher.run_id}",
             "launcher": {"run_id": "${now:same-second}"},
             "checkpoint": {"resume": resume},
+            "hydra": {"run": {"dir": "${out_root}/${name}/${run_id}"}, "overrides": {"hydra": []}},
         }
     )
 
@@ -36,7 +37,9 @@ def _claim_in_a_process(out_root: str, answers) -> None:
     from hydra.core.utils import setup_globals
 
     setup_globals()  # the ${now:} resolver, as Hydra has it
-    answers.put(claim_command(["experiment=smoke"], _clock_config(Path(out_root))))
+    cfg = _clock_config(Path(out_root))
+    claim_run(cfg, multirun=False)
+    answers.put((cfg.run_id, cfg.hydra.run.dir))  # pinned in the config Hydra runs
 
 
 def test_runs_of_the_same_second_get_folders_of_their_own(tmp_path):
@@ -47,12 +50,8 @@ def test_runs_of_the_same_second_get_folders_of_their_own(tmp_path):
         process.start()
         process.join(30)
         assert process.exitcode == 0
-    argvs = [answers.get(timeout=5) for _ in range(3)]
-    assert argvs == [
-        ["experiment=smoke", "run_id=same-second"],
-        ["experiment=smoke", "run_id=same-second-2"],
-        ["experiment=smoke", "run_id=same-second-3"],
-    ]
+    pinned = [answers.get(timeout=5) for _ in range(3)]
+    assert pinned == [(n, f"{tmp_path}/n/{n}") for n in ("same-second", "same-second-2", "same-second-3")]
     for run_id in ("same-second", "same-second-2", "same-second-3"):
         assert json.loads((tmp_path / "n" / run_id / CLAIM).read_text())["pid"] > 0
 

@@ -1,16 +1,24 @@
-"""Checks on a composed config that need nothing but OmegaConf: ranges, known names, keys that
-depend on each other (the types are the schema's, checked as Hydra composes).
+"""What is wrong with a config, in one line naming the key and what it accepts.
 
-The second pass, which imports the ``_target_`` classes, is in ``objects``.
+Types and unknown keys are the schema's: Hydra and OmegaConf refuse them while composing, and
+``compose_error`` says their exception in one line. Ranges are the constructors': ``check``
+builds the strategy, datamodule, callbacks and the model around a stand-in network once, and
+says the first one's error as ``<key>: <its message>``. What remains here is what no
+constructor can know: names that become folders, the arithmetic of the world size, the files.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 import re
-from typing import Any
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lightning_cocod._errors import first_line
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
@@ -28,6 +36,7 @@ APP_TRAINER_KEYS = {
     "enable_checkpointing": "checkpoint.every_n_epochs, every_n_steps and every_n_minutes",
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
+_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 class ConfigError(ValueError):
@@ -38,65 +47,81 @@ def bad(key: str, value: Any, accepted: str) -> ConfigError:
     return ConfigError(f"{key}={value!r} is invalid; accepted: {accepted}")
 
 
-def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
-    # For the nodes the schema leaves untyped (a group's own keys): bool is an int to Python.
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise bad(key, value, what)
+def compose_error(err: Exception) -> str:
+    """What Hydra or OmegaConf refused while composing, in one line."""
+    from hydra.errors import MissingConfigException
+
+    cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, option = str(err.missing_cfg_file).rpartition("/")
+        return f"{group}={option} is not an option; accepted: {', '.join(err.options or [])}"
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:  # struct mode
+        return unknown_key(cause.full_key, cause.parent_node)
+    if isinstance(cause, ValidationError) and cause.full_key and cause.parent_node is not None:
+        parent = cause.parent_node
+        if isinstance(parent, ListConfig):
+            kind = parent._metadata.element_type
+        else:
+            kind = typing.get_type_hints(OmegaConf.get_type(parent) or dict).get(str(cause.key))
+        if kind is not None:
+            return f"{cause.full_key}={cause.value!r} is invalid; accepted: {_words(kind)}"
+    return first_line(err) + (f" ({first_line(cause)})" if cause is not None and cause is not err else "")
+
+
+def _words(kind: Any) -> str:
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) is list:
+        return "a list of " + {int: "integers", float: "numbers"}.get(args[0], "values")
+    if type(None) in typing.get_args(kind):
+        return _words(args[0]) + " or null"
+    return _WORDS.get(kind, str(kind))
+
+
+def unknown_key(key: str, parent: Any) -> str:
+    """A key that struct mode refused: what its node accepts, and the key the user meant."""
+    section, _, name = key.rpartition(".")
+    accepted = ", ".join(sorted(k for k in (parent or {}) if k != "hydra"))
+    if section == "trainer" and name in APP_TRAINER_KEYS:
+        hint = f"; the app sets it from {APP_TRAINER_KEYS[name]}"
+    elif key == "strategy.tau":
+        hint = "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
+    else:
+        hint = f" (+{key}=... adds a key)"
+    return f"unknown key '{key}'; {section or 'the top level'} accepts: {accepted}{hint}"
 
 
 def method_of(strategy: DictConfig) -> str:
-    target = str(strategy.get("_target_", ""))
-    method = method_of_class(target)
+    method = method_of_class(str(strategy.get("_target_", "")))
     if method is None:
         classes = ", ".join(m.strategy_class for m in METHODS.values())
-        raise bad("strategy._target_", target, f"a class among {classes} (strategy={'|'.join(METHODS)})")
+        accepted = f"a class among {classes} (strategy={'|'.join(METHODS)})"
+        raise bad("strategy._target_", strategy.get("_target_"), accepted)
     return method
 
 
-def check_values(cfg: DictConfig) -> None:
-    """The ranges and the keys that depend on each other; the types are the schema's (``schema``)."""
-    from lightning_cocod.app.schema import refused
+def check(cfg: DictConfig) -> None:
+    """Every check of a composed job config (without its ``hydra`` node); ConfigError on the first."""
+    from lightning_cocod.app.files import check_out_root
 
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
-        raise ConfigError(refused(err) or f"cannot resolve the config: {first_line(err)}") from None
+        raise ConfigError(f"cannot resolve the config: {compose_error(err)}") from None
     for key in ("name", "group", "run_id"):
         # "." and ".." pass the pattern but name no folder of their own: out_root or its parent.
         if not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
-            raise bad(
-                key,
-                cfg[key],
-                "a name of letters, digits and _ . = , + - other than . and .. (it names a folder under out_root)",
-            )
-    if cfg.seed < 0:
-        raise bad("seed", cfg.seed, "an integer >= 0")
-    if cfg.max_epochs is not None and cfg.max_epochs < 1:
-        raise bad("max_epochs", cfg.max_epochs, "null or a positive integer")
-    if cfg.max_steps < 1 and cfg.max_steps != -1:
-        raise bad("max_steps", cfg.max_steps, "-1 (no limit) or a positive integer")
+            accepted = "a name of letters, digits and _ . = , + - other than . and .. (it names a folder"
+            raise bad(key, cfg[key], f"{accepted} under out_root)")
     if cfg.max_epochs is None and cfg.max_steps == -1:
         raise bad("max_epochs", None, "a positive integer, or set max_steps: without, training never stops")
     if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:
         raise bad("target_accuracy", cfg.target_accuracy, "null or a fraction in (0, 1], e.g. 0.93")
-    if cfg.step_time_warmup < 1:
-        raise bad("step_time_warmup", cfg.step_time_warmup, "a positive integer")
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
-    _positive_int("dataset.num_classes", cfg.dataset.num_classes)
-    _positive_int("dataset.in_channels", cfg.dataset.in_channels)
-    batch = cfg.data.get("batch_size")
-    _positive_int("data.batch_size", batch, "a positive integer (samples per rank per step)")
-    if cfg.data.get("eval_batch_size") is not None:
-        _positive_int("data.eval_batch_size", cfg.data.eval_batch_size, "null or a positive integer")
     method = method_of(cfg.strategy)
-    if cfg.tau != "auto":  # the strategy checks the tau it gets; this one is checked for S-SGD too
-        _positive_int(
-            "tau",
-            cfg.tau,
-            "a positive integer (optimizer steps per round of cocod and local_sgd; the other "
-            "methods ignore it), or 'auto' (cocod)",
-        )
+    if cfg.tau != "auto" and not _positive_int(cfg.tau):  # checked for S-SGD too, which ignores it
+        accepted = "optimizer steps per round of cocod and local_sgd; the other methods ignore it"
+        raise bad("tau", cfg.tau, f"a positive integer ({accepted}), or 'auto' (cocod)")
     timeout = cfg.strategy.get("timeout")
     # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
     # the process (SIGABRT) instead of raising: a failure that names nothing.
@@ -104,15 +129,54 @@ def check_values(cfg: DictConfig) -> None:
         raise bad("strategy.timeout", timeout, "a number of seconds >= 1 (how long a collective may wait)")
     if cfg.strategy.get("start_method", "popen") != "popen":
         raise bad("strategy.start_method", cfg.strategy.start_method, "'popen' (the ranks exist already)")
-    _check_hetero(cfg, method)
-    _check_launcher(cfg)
     for key in sorted(APP_TRAINER_KEYS.keys() & set(cfg.trainer)):
         raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
+    _check_launcher(cfg)
+    _check_world(cfg, method)
+    check_out_root(cfg.out_root)
+    _check_objects(cfg)
 
 
-def _check_hetero(cfg: DictConfig, method: str) -> None:
-    # every_n_epochs is ProportionalSampling's to check, and the factors' range SimulatedSlowdown's
-    # (``objects`` builds both); the counts need the number of workers, known here.
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # bool is an int to Python
+
+
+def _check_launcher(cfg: DictConfig) -> None:
+    launcher = cfg.launcher
+    if launcher.name not in LAUNCHERS:  # a launcher config of one's own names one of these
+        raise bad("launcher.name", launcher.name, ", ".join(LAUNCHERS))
+    if launcher.name in ("cpu", "gpu") and launcher.num_nodes != 1:
+        raise bad(
+            "launcher.num_nodes",
+            launcher.num_nodes,
+            f"1 with launcher={launcher.name}; use launcher=torchrun or slurm",
+        )
+    if launcher.name in ("cpu", "gpu") and launcher.timeout_s <= 0:
+        raise bad("launcher.timeout_s", launcher.timeout_s, "a positive number of seconds")
+    if launcher.name in ("torchrun", "slurm") and cfg.run_id in ("none", ""):
+        supplier = "torchrun --rdzv-id" if launcher.name == "torchrun" else "SLURM_JOB_ID"
+        accepted = f"an id that every rank shares, for the output folders: run_id=... ({supplier} gives one)"
+        raise bad("run_id", cfg.run_id, accepted)
+    if launcher.get("rate") is not None:
+        from lightning_cocod.launch.netns import parse_rate
+
+        try:
+            parse_rate(launcher.rate)
+        except (TypeError, ValueError):
+            raise bad("launcher.rate", launcher.rate, "null or a tc rate: '300mbit', '1gbit'") from None
+    if launcher.name == "gpu":  # where this process starts the ranks (under torchrun/srun: per task)
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible < launcher.devices:
+            raise bad("launcher.devices", launcher.devices, f"at most {visible}, the GPUs this machine shows")
+
+
+def _check_world(cfg: DictConfig, method: str) -> None:
+    """The counts that depend on the number of workers, which no constructor is told."""
+    for key in ("launcher.devices", "launcher.num_nodes", "data.batch_size"):
+        if not _positive_int(OmegaConf.select(cfg, key)):
+            raise bad(key, OmegaConf.select(cfg, key), "a positive integer")
     hetero, workers = cfg.hetero, cfg.launcher.devices * cfg.launcher.num_nodes
     if hetero.batch_sizes is not None:
         sizes, total = list(hetero.batch_sizes), cfg.data.batch_size * workers
@@ -120,30 +184,141 @@ def _check_hetero(cfg: DictConfig, method: str) -> None:
             accepted = f"{workers} positive integers summing to {total} (data.batch_size x workers)"
             raise bad("hetero.batch_sizes", sizes, accepted)
     if (hetero.proportional or hetero.batch_sizes is not None) and method not in PERIODIC:
-        accepted = f"false with strategy {method} (it averages uniformly)"
-        raise bad("hetero.proportional", hetero.proportional, accepted)
+        raise bad(
+            "hetero.proportional",
+            hetero.proportional,
+            f"false with strategy {method} (it averages uniformly)",
+        )
     if hetero.slowdown is not None and len(hetero.slowdown) != workers:
         accepted = f"null or {workers} factors >= 1, one per worker (e.g. [1, 2])"
         raise bad("hetero.slowdown", list(hetero.slowdown), accepted)
 
 
-def _check_launcher(cfg: DictConfig) -> None:
-    launcher = cfg.launcher
-    if launcher.name not in LAUNCHERS:  # a launcher config of one's own names one of these
-        raise bad("launcher.name", launcher.name, ", ".join(LAUNCHERS))
-    if launcher.devices < 1:
-        raise bad("launcher.devices", launcher.devices, "a positive integer (ranks per node)")
-    if launcher.num_nodes < 1:
-        raise bad("launcher.num_nodes", launcher.num_nodes, "a positive integer")
-    if launcher.threads_per_worker is not None and launcher.threads_per_worker < 1:
-        raise bad("launcher.threads_per_worker", launcher.threads_per_worker, "null or a positive int")
-    if launcher.name in ("cpu", "gpu"):
-        if launcher.num_nodes != 1:
-            accepted = f"1 with launcher={launcher.name}; use launcher=torchrun or slurm"
-            raise bad("launcher.num_nodes", launcher.num_nodes, accepted)
-        if launcher.timeout_s <= 0:
-            raise bad("launcher.timeout_s", launcher.timeout_s, "a positive number of seconds")
-    elif cfg.run_id in ("none", ""):
-        supplier = "torchrun --rdzv-id" if launcher.name == "torchrun" else "SLURM_JOB_ID"
-        accepted = f"an id that every rank shares, for the output folders: run_id=... ({supplier} gives one)"
-        raise bad("run_id", cfg.run_id, accepted)
+def _target_nodes(node: Any, path: str = "") -> list[tuple[str, DictConfig]]:
+    found = []
+    if isinstance(node, DictConfig):
+        found += [(path, node)] if "_target_" in node else []
+        for key, value in node.items():
+            found += _target_nodes(value, f"{path}.{key}" if path else str(key))
+    return found
+
+
+def _check_objects(cfg: DictConfig) -> None:
+    """Every ``_target_`` imports and takes its keys; the cheap objects are built once, so their
+    own checks run; the data holds a global batch and splits evenly for evaluation."""
+    import pytorch_lightning as pl
+    from hydra.utils import get_object, instantiate
+    from torch import nn
+
+    from lightning_cocod.app.fit import CALLBACKS
+
+    for path, node in [*_target_nodes(cfg), ("trainer", cfg.trainer)]:
+        try:
+            target = pl.Trainer if path == "trainer" else get_object(node._target_)
+        except Exception as err:  # noqa: BLE001 - any import failure is a config error here
+            raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
+        _check_signature(path, target, node)
+    _check_few_values(typing.get_type_hints(pl.Trainer.__init__), cfg.trainer)
+    built = {key: _build(key, instantiate, cfg[key]) for key in ("strategy", "data")}
+    for key, callbacks in CALLBACKS.items():
+        _build(key, callbacks, cfg, Path(cfg.out_root), None, "a title")
+    if cfg.checkpoint.every_n_minutes and not hasattr(built["strategy"], "request_checkpoint"):
+        accepted = f"0 with {type(built['strategy']).__name__}, which cannot checkpoint on request"
+        raise bad(
+            "checkpoint.every_n_minutes", cfg.checkpoint.every_n_minutes, f"{accepted} (use every_n_steps)"
+        )
+    # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
+    stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
+    _build("model", instantiate, cfg.model, **stand_in)
+    _check_data(cfg, built["data"])
+
+
+def _check_signature(path: str, target: Any, node: DictConfig) -> None:
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # takes anything; its own checks run when it is built
+    accepted = set(params) - {"self"} - (set(APP_TRAINER_KEYS) if path == "trainer" else set())
+    extra = sorted(set(node) - accepted - {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+    if extra:
+        # The model group's keys are ClassifierModule's: a module of one's own starts from none; a
+        # datamodule of one's own needs data.batch_size (the global batch), the others can go.
+        hint = {
+            "model": f"; a module of your own: ~model +model._target_={node.get('_target_')}",
+            "data": f"; a datamodule of your own takes batch_size (drop the others: ~data.{extra[0]})",
+        }.get(path, "")
+        name = getattr(target, "__name__", str(target))
+        raise ConfigError(
+            f"unknown key '{path}.{extra[0]}'; {name} accepts: {', '.join(sorted(accepted))}{hint}"
+        )
+
+
+def _few_values(kind: Any) -> list[Any] | None:
+    """The values an annotation allows when they are few (Literals, bool, None), else None."""
+    if kind in (bool, type(None)):
+        return [True, False] if kind is bool else [None]
+    if typing.get_origin(kind) is Literal:
+        return list(typing.get_args(kind))
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        parts = [_few_values(a) for a in typing.get_args(kind)]
+        return None if None in parts else [v for part in parts for v in part]
+    return None
+
+
+def _check_few_values(hints: dict[str, Any], node: DictConfig) -> None:
+    """The Trainer arguments that take one of a few values (precision, deterministic, and those
+    added with +trainer.KEY), which OmegaConf cannot type and the Trainer checks only as it fits."""
+    for key, value in node.items():
+        values = _few_values(hints.get(key))
+        # type() too: True == 1 and 16 == 16.0, but neither is a precision Lightning knows.
+        if values is not None and not any(value == v and type(value) is type(v) for v in values):
+            words = (
+                "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v) for v in values
+            )
+            raise bad(f"trainer.{key}", value, f"one of {', '.join(words)}")
+
+
+def _build(key: str, build: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return build(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - the constructor's own check, said in one line
+        raise ConfigError(f"{key}: {first_line(err.__cause__ or err)}") from None
+
+
+def _even_eval(samples: int, workers: int, batch: int) -> bool:
+    # The rule of data.sharding.eval_batches: each rank's block must fill as many batches as the
+    # largest block needs, or the ranks evaluate different numbers of batches and their
+    # sync_dist collectives no longer pair up (a crash after the first epoch).
+    return samples // workers >= max(1, math.ceil(math.ceil(samples / workers) / batch))
+
+
+def _check_data(cfg: DictConfig, data: Any) -> None:
+    workers = cfg.launcher.devices * cfg.launcher.num_nodes
+    samples = getattr(data, "num_train_samples", None)
+    if samples is not None and cfg.data.batch_size * workers > samples:
+        accepted = (
+            f"at most {samples // workers} with {workers} workers (one global batch of batch_size x "
+            f"workers must fit in the {samples} training samples)"
+        )
+        raise bad("data.batch_size", cfg.data.batch_size, accepted)
+    samples, batch = getattr(data, "num_eval_samples", None), getattr(data, "eval_batch_size", None)
+    if isinstance(samples, int) and isinstance(batch, int) and not _even_eval(samples, workers, batch):
+        # A multiple of workers x batch always qualifies: the search ends.
+        near = next(
+            n
+            for n in range(max(samples, workers), samples + workers * batch + 1)
+            if _even_eval(n, workers, batch)
+        )
+        accepted = (
+            f"a count every one of the {workers} workers can split into the same number of eval batches "
+            f"of at most {batch} samples, none empty (e.g. {near})"
+        )
+        raise bad("data.num_eval_samples", samples, accepted)
+    if str(cfg.data._target_).endswith("CIFARDataModule") and not cfg.data.get("download", False):
+        from lightning_cocod.data.cifar import SPECS
+
+        spec, root = SPECS[cfg.data.dataset], Path(cfg.data.root)
+        if not (root / spec.archive).is_file() and not (root / spec.folder).is_dir():
+            accepted = f"a folder holding {spec.archive} or {spec.folder}/"
+            raise bad(
+                "data.root", str(cfg.data.root), f"{accepted} (or set data.download=true, or COCOD_DATA)"
+            )

@@ -18,7 +18,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -96,39 +95,26 @@ def is_rank_zero(env: dict[str, str] | os._Environ = os.environ) -> bool:
     return int(env.get("RANK", env.get("SLURM_PROCID", "0"))) == 0
 
 
-def _from_clock(cfg: DictConfig) -> bool:
+def claim_run(cfg: DictConfig, multirun: bool) -> None:
+    """Claims the folder of the run Hydra is about to make (its sweep folder under ``-m``), given
+    its composed config. A run_id from the clock is pinned in ``cfg``, which Hydra then runs: the
+    first of ``<time>``, ``<time>-2``, ... whose folder no other run holds."""
+    setting = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = any(o.startswith(setting + "=") for o in cfg.hydra.overrides.hydra)
+    continuing = cfg.checkpoint.resume in ("last", "auto")
     raw = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(raw, dict)
-    value = raw.get("run_id")
-    if value == "${launcher.run_id}":
-        value = raw["launcher"].get("run_id")
-    return isinstance(value, str) and "${now:" in value
-
-
-def claim_command(argv: Sequence[str], cfg: DictConfig) -> list[str]:
-    """Claims the folder of the command line's run (its sweep folder under ``-m``) before Hydra
-    writes into it; returns ``argv``, with ``run_id=`` pinned when the id came from the clock:
-    Hydra would read the clock again, maybe a second later, and the id is the first of
-    ``<time>``, ``<time>-2``, ... whose folder no other run holds."""
-    from lightning_cocod.app.preflight import parse_args
-
-    argv = list(argv)
-    args = parse_args(argv)
-    setting = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
-    given = [o.partition("=")[2] for o in args.overrides if o.startswith(setting + "=")]
-    continuing = cfg.checkpoint.resume in ("last", "auto")
-    if given:
-        claim(Path(given[-1]), continuing, setting)
-        return argv
-    base = Path(cfg.out_root) / cfg.name
-    if not _from_clock(cfg):
-        claim(base / cfg.run_id, continuing, "run_id")
-        return argv
+    from_clock = "${now:" in str(
+        raw["launcher"]["run_id"] if raw["run_id"] == "${launcher.run_id}" else raw["run_id"]
+    )
+    if given or not from_clock:
+        claim(Path(OmegaConf.select(cfg, setting)), continuing, setting if given else "run_id")
+        return
+    clock = cfg.run_id
     for n in range(1, 1000):
-        run_id = cfg.run_id if n == 1 else f"{cfg.run_id}-{n}"
+        cfg.run_id = cfg.launcher.run_id = clock if n == 1 else f"{clock}-{n}"
         try:
-            claim(base / run_id, False, "run_id")
+            return claim(Path(OmegaConf.select(cfg, setting)), False, "run_id")
         except ConfigError:
             continue  # another run of the same second: the next free id
-        return [*argv, f"run_id={run_id}"]
-    raise ConfigError(f"run_id: every id of {base / cfg.run_id}-N is taken; accepted: run_id=... of your own")
+    raise ConfigError(f"run_id: every id of {clock}-N is taken; accepted: run_id=... of your own")

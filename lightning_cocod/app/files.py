@@ -1,4 +1,4 @@
-"""Checks on the files a run reads and writes: the checkpoint it resumes from, its output root."""
+"""Checks on the files a run reads and writes: the checkpoint it resumes from, its folders."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lightning_cocod.app.checks import bad, first_line
+from lightning_cocod.app.checks import ConfigError, bad, first_line
 
 
 def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> str | None:
@@ -16,6 +16,8 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
     checkpoint, or None for a fresh start. ``last``: the ``last*.ckpt`` of ``job_dir`` that got furthest;
     ``auto``: the same when there is one, else a fresh start (what a requeued or restarted job
     wants: the same command either way)."""
+    from lightning_cocod.strategies.checkpointing import verify_checkpoint
+
     resume = cfg.checkpoint.resume
     if resume is None:
         return None
@@ -31,10 +33,12 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
             f"no {path}: pass the run_id of the run to continue" if resume == "last" else f"no file {path}"
         )
         raise bad("checkpoint.resume", resume, f"null, last, auto, or the path of a .ckpt file ({where})")
-    if verify:
-        problem = checkpoint_problem(path)
-        if problem:
-            raise bad("checkpoint.resume", resume, f"null, last, auto, or a whole checkpoint file ({problem})")
+    try:
+        if verify:
+            verify_checkpoint(path)  # loads it as data and checks its integrity; the message names the file
+    except ValueError as err:
+        accepted = f"null, last, auto, or a whole checkpoint file ({first_line(err)})"
+        raise bad("checkpoint.resume", resume, accepted) from None
     return str(path)
 
 
@@ -54,30 +58,29 @@ def newest_checkpoint(job_dir: Path) -> Path | None:
     return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be resumed from (truncated, empty, altered, not a checkpoint, not plain
-    data), or None."""
-    from lightning_cocod.strategies.checkpointing import verify_checkpoint
-
-    try:
-        verify_checkpoint(path)  # loads it as data and checks its integrity; the message names the file
-    except ValueError as err:
-        return first_line(err)
-    return None
-
-
 def check_out_root(out_root: Any) -> None:
     """``out_root`` can be made and written: its nearest existing folder is probed."""
     from lightning_cocod._files import unwritable
 
-    if not out_root:  # a string: the schema's type
-        raise bad("out_root", out_root, "the path of a folder for the runs' outputs")
     existing = Path(out_root).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir():
-        raise bad("out_root", out_root, f"a folder this user can write ({existing} is a file)")
-    problem = unwritable(existing)
-    if problem:
-        accepted = f"a folder this user can write (cannot create one in {existing}: {problem})"
-        raise bad("out_root", out_root, accepted)
+    problem = f"{existing} is a file" if not existing.is_dir() else unwritable(existing)
+    if not out_root or problem:
+        raise bad("out_root", out_root, f"a folder this user can write ({problem or 'the path of one'})")
+
+
+def check_run_folder(cfg: DictConfig, folder: Path) -> None:
+    """The folders of an existing run that it will write to can be written (a read-only
+    checkpoints/ would otherwise fail at the first save, an epoch in)."""
+    from lightning_cocod._files import unwritable
+
+    saves = cfg.checkpoint.every_n_epochs or cfg.checkpoint.every_n_steps or cfg.checkpoint.every_n_minutes
+    for path in (folder, *([folder / "checkpoints"] if saves else [])):
+        problem = path.is_dir() and unwritable(path)
+        if problem:
+            what = "checkpoints" if path.name == "checkpoints" else "records"
+            raise ConfigError(
+                f"cannot write in {path} ({problem}), where this run writes its {what}; accepted: a folder "
+                "this user can write (another run_id, or out_root=...)"
+            )

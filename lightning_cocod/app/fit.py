@@ -42,40 +42,30 @@ def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> flo
     return None
 
 
-def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    kwargs = to_plain(cfg.trainer)
-    kwargs.update(
-        accelerator=cfg.launcher.accelerator,
-        devices=cfg.launcher.devices,
-        num_nodes=cfg.launcher.num_nodes,
-        enable_checkpointing=checkpoints_on(cfg),
-    )
-    return kwargs
-
-
-def checkpoints_on(cfg: DictConfig) -> bool:
-    ckpt = cfg.checkpoint
-    return bool(ckpt.every_n_epochs or ckpt.every_n_steps or ckpt.every_n_minutes)
-
-
-def checkpoint_callbacks(cfg: DictConfig, job_dir: Path, resume: str | None) -> list[Any]:
+def _checkpoints(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
     from lightning_cocod.callbacks import PeriodicCheckpoint
 
-    if not checkpoints_on(cfg):
-        return []
     ckpt = cfg.checkpoint
-    return [
-        PeriodicCheckpoint(
-            job_dir / "checkpoints",
-            every_n_epochs=ckpt.every_n_epochs,
-            every_n_steps=ckpt.every_n_steps,
-            every_n_minutes=ckpt.every_n_minutes,
-            resume_from=resume,
-        )
-    ]
+    if not (ckpt.every_n_epochs or ckpt.every_n_steps or ckpt.every_n_minutes):
+        return []
+    periods = {key: ckpt[key] for key in ("every_n_epochs", "every_n_steps", "every_n_minutes")}
+    return [PeriodicCheckpoint(job_dir / "checkpoints", **periods, resume_from=resume)]
 
 
-def _progress_callbacks(cfg: DictConfig, job_dir: Path, title: str) -> list[Any]:
+def _hetero(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
+    from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
+
+    hetero, callbacks = cfg.hetero, []
+    if hetero.proportional or hetero.batch_sizes is not None:
+        sizes = list(hetero.batch_sizes) if hetero.batch_sizes is not None else None
+        total = cfg.data.batch_size * world_size(cfg)
+        callbacks.append(ProportionalSampling(total, sizes, every_n_epochs=hetero.every_n_epochs))
+    if hetero.slowdown is not None:
+        callbacks.append(SimulatedSlowdown(list(hetero.slowdown)))
+    return callbacks
+
+
+def _progress(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
     from lightning_cocod.callbacks import ProgressLine
 
     if not cfg.progress_every_s:
@@ -85,26 +75,12 @@ def _progress_callbacks(cfg: DictConfig, job_dir: Path, title: str) -> list[Any]
     return [ProgressLine(title, every_s=cfg.progress_every_s, path=path)]
 
 
+# The callbacks the config asks for, by the key that configures them (``checks`` builds each).
+CALLBACKS = {"checkpoint": _checkpoints, "hetero": _hetero, "progress_every_s": _progress}
+
+
 def progress_path(job_dir: Path) -> Path:
     return job_dir / "workers" / "progress.txt"
-
-
-def hetero_callbacks(cfg: DictConfig) -> list[Any]:
-    from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
-
-    hetero, callbacks = cfg.hetero, []
-    if hetero.proportional or hetero.batch_sizes is not None:
-        workers = world_size(cfg)
-        callbacks.append(
-            ProportionalSampling(
-                global_batch_size=cfg.data.batch_size * workers,
-                batch_sizes=list(hetero.batch_sizes) if hetero.batch_sizes is not None else None,
-                every_n_epochs=hetero.every_n_epochs,
-            )
-        )
-    if hetero.slowdown is not None:
-        callbacks.append(SimulatedSlowdown(list(hetero.slowdown)))
-    return callbacks
 
 
 def threads_per_rank(launcher: DictConfig, env: Mapping[str, str]) -> int:
@@ -146,12 +122,15 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         SameConfig(must_agree(cfg)),  # first: before any callback of the list talks to the other ranks
         timer,
         timeline,
-        *hetero_callbacks(cfg),
-        *checkpoint_callbacks(cfg, job_dir, resume),
-        *_progress_callbacks(cfg, job_dir, identity["name"]),
+        *(c for build in CALLBACKS.values() for c in build(cfg, job_dir, resume, identity["name"])),
     ]
+    launcher = cfg.launcher
     trainer = build_trainer(
-        **_trainer_kwargs(cfg),
+        **to_plain(cfg.trainer),
+        accelerator=launcher.accelerator,
+        devices=launcher.devices,
+        num_nodes=launcher.num_nodes,
+        enable_checkpointing=any(isinstance(c, pl.callbacks.Checkpoint) for c in callbacks),
         strategy=strategy,
         logger=logger,
         callbacks=callbacks,

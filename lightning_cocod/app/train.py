@@ -3,14 +3,13 @@
     cocod-train experiment=smoke
     cocod-train -m experiment=smoke strategy=ssgd,cocod,local_sgd tau=2,4,8 seed=0,1,2
 
-Every job of the command line is composed and checked first (one-line error, exit code 2). A
-sweep runs its S-SGD jobs first and runs a job that only changes a period the method lacks (S-SGD
-at another tau) once. Then each Hydra job either starts its ranks itself (launcher=cpu|gpu:
-``launch_workers`` runs ``worker_main`` in N processes that build ``Trainer(devices=N)`` from the
-job's workers/job.yaml) or
-is itself one rank among processes made by torchrun/srun (launcher=torchrun|slurm). Lightning's
-popen launcher is never asked to start processes: it re-executes sys.argv, which under
-``-m`` would re-run the whole sweep in every child.
+Every job of the command line is composed once and checked before the first runs (one-line
+error, exit code 2; ``preflight``). A sweep runs its S-SGD jobs first and runs a job that only
+changes a period the method lacks (S-SGD at another tau) once. Then each Hydra job either starts
+its ranks itself (launcher=cpu|gpu: ``launch_workers`` runs ``worker_main`` in N processes that
+build ``Trainer(devices=N)`` from the job's workers/job.yaml) or is itself one rank among processes
+made by torchrun/srun (launcher=torchrun|slurm). Lightning's popen launcher is never asked to start
+processes: it re-executes sys.argv, which under ``-m`` would re-run the whole sweep in every child.
 """
 
 from __future__ import annotations
@@ -25,48 +24,30 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import ConfigError, first_line, method_of
-from lightning_cocod.app.claim import claim, claim_command, is_rank_zero
-from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
+from lightning_cocod.app.checks import ConfigError, compose_error, first_line
+from lightning_cocod.app.claim import claim, is_rank_zero
+from lightning_cocod.app.files import check_run_folder, newest_checkpoint, resume_checkpoint
 from lightning_cocod.app.identity import make_identity, world_size
 from lightning_cocod.app.loggers import redact, to_plain
-from lightning_cocod.app.preflight import check_run_folder, config_dir, duplicate_jobs, preflight, ssgd_first
+from lightning_cocod.app.preflight import config_dir, refuse
 from lightning_cocod.app.record import read_start, write_start
 from lightning_cocod.app.speedup import describe
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
-from lightning_cocod.methods import PERIODIC
 
 log = logging.getLogger("cocod-train")
 WORKER_TARGET = "lightning_cocod.app.train:worker_main"
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program ended by Ctrl-C
+NO_CHECKPOINT = "no checkpoint was written, so it cannot be resumed"
 
 
-def _run_id(job_dir: Path, multirun: bool) -> str:
-    # The folder Hydra made, rather than cfg.run_id: a ${now:...} run_id would read a later second.
-    return (job_dir.parent if multirun else job_dir).name
-
-
-def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
-    """One Hydra job; returns the test accuracy (rank 0 of a torchrun/SLURM job, or the launcher).
-    ``repeats``: job number -> the earlier job of the sweep it would repeat (``duplicate_jobs``)."""
+def run(cfg: DictConfig) -> float | None:
+    """One Hydra job; returns the test accuracy (rank 0 of a torchrun/SLURM job, or the launcher)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if multirun and hydra_cfg.job.num in repeats:
-        method = method_of(cfg.strategy)
-        log.info(
-            "job %d (%s) skipped: it is job %d again (%s)",
-            hydra_cfg.job.num,
-            " ".join(hydra_cfg.overrides.task),
-            repeats[hydra_cfg.job.num],
-            "the same config"
-            if method in PERIODIC
-            else f"{method} has no period: tau changes nothing for it",
-        )
-        return None
     try:
         if is_rank_zero():
             continuing = cfg.checkpoint.resume in ("last", "auto")
@@ -85,21 +66,16 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
             what = "%s: finished already (%s); checkpoint.resume=auto leaves it as it is"
             log.info(what, record.get("name"), job_dir)
             return record.get("test_acc")
-        resume = resume_checkpoint(cfg, job_dir)  # before any worker starts or any file is rewritten
+        # Before any worker starts or any file is rewritten (a single run's was checked before Hydra ran).
+        resume = resume_checkpoint(cfg, job_dir, verify=multirun)
         check_run_folder(cfg, job_dir)
     except ConfigError as err:
         raise SystemExit(f"cocod-train: error: {err}") from None
-    identity = make_identity(cfg, job_dir, _run_id(job_dir, multirun))
+    # The folder Hydra made names the run: a sweep's folder, or the run's own (hydra.run.dir given).
+    identity = make_identity(cfg, job_dir, (job_dir.parent if multirun else job_dir).name)
     workers = world_size(cfg)
-    log.info(
-        "%s: %d worker(s), global batch %d = %d per rank x %d; output %s",
-        identity["name"],
-        workers,
-        identity["global_batch_size"],
-        cfg.data.batch_size,
-        workers,
-        job_dir,
-    )
+    batch = f"global batch {identity['global_batch_size']} = {cfg.data.batch_size} per rank x {workers}"
+    log.info("%s: %d worker(s), %s; output %s", identity["name"], workers, batch, job_dir)
     if resume:
         from lightning_cocod.strategies.checkpointing import saved_step
 
@@ -142,8 +118,7 @@ def run(cfg: DictConfig, repeats: dict[int, int]) -> float | None:
             raise
         resume = _resume_hint(job_dir, hydra_cfg, multirun)
         raise SystemExit(
-            f"cocod-train: error: {identity['name']}: {failure}; "
-            + (resume or "no checkpoint was written, so it cannot be resumed")
+            f"cocod-train: error: {identity['name']}: {failure}; {resume or NO_CHECKPOINT}"
         ) from None
     if "test_acc" in record:
         log.info(final_line(record))
@@ -201,10 +176,8 @@ def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, mul
         what = signal.Signals(code - 128).name
     except ValueError:
         what = f"exit code {code}"
-    resume = _resume_hint(job_dir, hydra_cfg, multirun)
-    return f"cocod-train: {name}: stopped by {what} before its workers could stop together; " + (
-        resume or "no checkpoint was written, so it cannot be resumed"
-    )
+    resume = _resume_hint(job_dir, hydra_cfg, multirun) or NO_CHECKPOINT
+    return f"cocod-train: {name}: stopped by {what} before its workers could stop together; {resume}"
 
 
 def _preempted_line(
@@ -213,7 +186,7 @@ def _preempted_line(
     what = "interrupted (Ctrl-C)" if interrupted else "preempted"
     resume = _resume_hint(job_dir, hydra_cfg, multirun)
     if resume is None:
-        return f"{name}: {what} ({first_line(err)}); no checkpoint was written, so it cannot be resumed"
+        return f"{name}: {what} ({first_line(err)}); {NO_CHECKPOINT}"
     return f"{name}: {what}; {resume}"
 
 
@@ -245,15 +218,10 @@ def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[st
     rate = cfg.launcher.get("rate")
     if rate and os.geteuid() == 0:  # without root the launcher warns that it runs unshaped
         log.info("workers talk over a loopback shaped to %s", rate)
-    relay = (
-        ProgressRelay(progress_path(job_dir), title, cfg.progress_every_s, log.info)
-        if cfg.progress_every_s
-        else None
-    )
+    relay = ProgressRelay(progress_path(job_dir), title, cfg.progress_every_s, log.info)
     env = {"OMP_NUM_THREADS": str(threads)}
-    namespace = net_namespace()
-    if namespace:  # a worker in another namespace than this was put behind the shaped link
-        env[NETNS_ENV] = namespace
+    if net_namespace():  # a worker in another namespace than this was put behind the shaped link
+        env[NETNS_ENV] = net_namespace()
     results = launch_workers(
         WORKER_TARGET,
         world_size=workers,
@@ -262,7 +230,7 @@ def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[st
         timeout_s=cfg.launcher.timeout_s,
         output_dir=job_dir / "workers",
         env=env,
-        on_tick=relay.tick if relay else None,
+        on_tick=relay.tick if cfg.progress_every_s else None,
     )
     return results[0]
 
@@ -271,65 +239,27 @@ def worker_main(job_dir: str) -> dict[str, Any]:
     """Entry of one rank started by ``launch_workers``: the job as its launcher saved it."""
     from lightning_cocod.app.fit import fit_run
 
-    job = Path(job_dir)
     # Workers start with `python -P` (the package never shadowed by the user's folder); a model or
     # datamodule of the user's own, in that folder, is found after the package.
     sys.path.append(os.getcwd())
-    cfg, identity = read_start(job)
-    assert isinstance(cfg, DictConfig)
-    return fit_run(cfg, job, identity)
-
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def _threads_before_torch(cfg: DictConfig) -> None:
-    """Under torchrun/SLURM this process is the rank: it starts again (same pid, same arguments)
-    with OMP_NUM_THREADS (and MKL's) set to its threads, unless they are already. The OpenMP and
-    MKL runtimes read them when torch loads, which this process has done by now (the checks);
-    torch.set_num_threads in the fit alone left two ranks sharing a node at 0.27 s a step against
-    0.035 s with OMP_NUM_THREADS. (The cpu/gpu launchers set it for the workers they start.)"""
-    from lightning_cocod.app.fit import threads_per_rank
-
-    if cfg.launcher.name not in ("torchrun", "slurm"):
-        return
-    threads = str(threads_per_rank(cfg.launcher, os.environ))
-    if all(os.environ.get(name) == threads for name in THREAD_VARIABLES):
-        return
-    os.environ.update(dict.fromkeys(THREAD_VARIABLES, threads))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    cfg, identity = read_start(Path(job_dir))
+    return fit_run(cfg, Path(job_dir), identity)
 
 
 def main() -> None:
     import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     sys.path.append(os.getcwd())  # the user's own modules (model._target_=mymod.MyModule), after the package
-    argv = reordered = ssgd_first(sys.argv[1:])
+    # Hydra re-raises what it refuses while composing, rather than print it in several lines.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        configs = preflight(argv)
-        conf = config_dir()
-        if configs:
-            _threads_before_torch(configs[0])
-        if configs and is_rank_zero():
-            argv = claim_command(argv, configs[0])
+        hydra.main(config_path=str(config_dir()), config_name="train", version_base="1.3")(run)()
     except ConfigError as err:
-        print(f"cocod-train: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    repeats = duplicate_jobs(configs)
-    if reordered != sys.argv[1:]:
-        print(
-            "cocod-train: S-SGD runs first, so each other run's speedup is known when it ends",
-            file=sys.stderr,
-        )
-    sys.argv[1:] = argv
-
-    def job(cfg: DictConfig) -> float | None:
-        return run(cfg, repeats)
-
-    try:
-        hydra.main(config_path=str(conf), config_name="train", version_base="1.3")(job)()
+        refuse(err)
+    except (HydraException, OmegaConfBaseException) as err:
+        refuse(compose_error(err))
     except KeyboardInterrupt:
         # Outside a run's workers (those say how they stopped and how to resume): nothing to resume.
         print("cocod-train: interrupted (Ctrl-C)", file=sys.stderr)

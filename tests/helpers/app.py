@@ -1,0 +1,34 @@
+"""cocod-train's checks in this process: each job of a command line composed with Hydra's compose
+API (with Hydra's node, as the app's callback and sweeper get it), then checked as the app does."""
+
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from lightning_cocod.app.checks import ConfigError, compose_error
+from lightning_cocod.app.preflight import check_jobs, check_run, config_dir, job_overrides
+
+
+def compose_jobs(argv: Sequence[str]) -> tuple[list[list[str]], list[DictConfig]]:
+    """The jobs of ``argv`` (``-m`` first for a sweep) and their configs; ConfigError as the app says it."""
+    multirun = argv[:1] == ["-m"]
+    overrides = list(argv[1:] if multirun else argv)
+    try:
+        jobs = job_overrides(overrides) if multirun else [overrides]
+        with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="train"):
+            return jobs, [compose("train", job, return_hydra_config=True) for job in jobs]
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - what Hydra or OmegaConf refused, as main says it
+        raise ConfigError(compose_error(err)) from None
+
+
+def preflight(argv: Sequence[str]) -> list[DictConfig]:
+    """What the app checks of ``argv`` before its first job; returns the composed configs."""
+    jobs, configs = compose_jobs(argv)
+    if len(configs) == 1 and argv[:1] != ["-m"]:
+        check_run(configs[0])
+    else:
+        check_jobs(jobs, configs)
+    return configs
