@@ -251,7 +251,14 @@ def main() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.lightning_cocod import CocodSweeper
+
     sys.path.append(os.getcwd())  # the user's own modules (model._target_=mymod.MyModule), after the package
+    # Hydra finds plugins by listing hydra_plugins/, which an editable install's finder hides
+    # (pkgutil sees no modules behind it): the app's sweeper is registered by hand.
+    Plugins.instance().register(CocodSweeper)
     # Hydra re-raises what it refuses while composing, rather than print it in several lines.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
