@@ -262,7 +262,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
-            "unknown key 'strategy.tau'; strategy accepts: _target_, process_group_backend, start_method, timeout; "
+            "unknown key 'strategy.tau'; strategy accepts: _target_, comm_hook, powersgd_rank, process_group_backend, start_method, timeout; "
             "the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)",
         ),
         (

@@ -295,3 +295,21 @@ def test_no_runs_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path / "empty")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cocod-report: error: no finished runs under") and err.count("\n") == 1
+
+
+def test_compressed_rounds_and_ddp_hooks_get_rows_of_their_own_and_no_hook_is_a_baseline():
+    # int8 rounds at the same tau are another row, with their bytes per round; S-SGD with
+    # PowerSGD is a method compared, so the plain S-SGD run stays the baseline of every speedup
+    # (its own included: 2.0 / 1.0), even though PowerSGD's finished first.
+    powersgd = run("ssgd", 0, 1.0, 0.90, finished=-1, comm_hook="powersgd", bytes_sent_per_round=1e5)
+    int8 = run("cocod", 0, 0.5, 0.92, tau=4, finished=10, compression="int8", bytes_sent_per_round=2.5e6)
+    runs = [SSGD_A0, COCOD_A0, powersgd, int8]
+    assert baseline(int8, runs) is SSGD_A0 and baseline(powersgd, runs) is SSGD_A0
+    rows = {r["label"]: r for r in report.summarise(runs)}
+    assert set(rows) == {"S-SGD", "S-SGD (powersgd)", "CoCoD-SGD", "CoCoD-SGD (int8)"}
+    assert rows["CoCoD-SGD (int8)"]["speedup"] == pytest.approx(SSGD_A0["steady_step_seconds"] / 0.5)
+    assert rows["S-SGD (powersgd)"]["speedup"] == pytest.approx(SSGD_A0["steady_step_seconds"] / 1.0)
+    assert rows["CoCoD-SGD (int8)"]["sent"] == pytest.approx(2.5)  # MB
+    table = report.markdown("g", runs, report.summarise(runs), [])
+    assert table.splitlines()[4].endswith("| sent per round (MB) |")
+    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and line.endswith("| 2.5 |") for line in table.splitlines())

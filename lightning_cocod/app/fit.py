@@ -173,6 +173,10 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "comm_seconds": comm.get("comm_seconds"),
         "exposed_seconds": comm.get("exposed_seconds"),
         "rounds": comm.get("rounds"),
+        # What this rank put on the wire per round (compressed rounds: their encoded bytes), and the
+        # codec's own seconds in all.
+        "bytes_sent_per_round": comm["bytes_sent"] / comm["rounds"] if comm.get("rounds") else None,
+        "codec_seconds": comm.get("codec_seconds"),
         "timeline": timeline.points,
         "finished_at": time.time(),
     }

@@ -52,11 +52,20 @@ def merge_variant(progress: float | None) -> str | None:
     return None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
 
 
-def run_name(method: str, tau: Any, workers: int, seed: int, progress: float | None = None) -> str:
-    """``cocod-tau4-w2-s0``; a CoCoD merge other than the default adds ``-progress0.5``."""
-    variant = merge_variant(progress)
+def variant_of(record: dict[str, Any]) -> str | None:
+    """What sets a run apart from its method's defaults, as run names and report labels add it:
+    a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8") or DDP's
+    compression hook ("powersgd")."""
+    progress = record.get("progress", 1.0) if record.get("method") == "cocod" else None
+    parts = [merge_variant(progress), record.get("compression"), record.get("comm_hook")]
+    return ", ".join(p for p in parts if p) or None
+
+
+def run_name(method: str, tau: Any, workers: int, seed: int, variant: str | None = None) -> str:
+    """``cocod-tau4-w2-s0``; a variant adds itself: ``cocod-tau4-progress0.5-int8-w2-s0``."""
     period = f"-tau{tau}" if tau is not None else ""
-    return f"{method}{period}{'-' + variant.replace(' ', '') if variant else ''}-w{workers}-s{seed}"
+    extra = "-" + variant.replace(", ", "-").replace(" ", "") if variant else ""
+    return f"{method}{period}{extra}-w{workers}-s{seed}"
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -69,16 +78,21 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
     name = method_of_class(str(cfg.strategy._target_))
     tau = cfg.strategy.get("tau") if name in PERIODIC else None
     progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
+    options = {
+        "method": name,
+        "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
+        "compression": cfg.strategy.get("compression"),  # CoCoD's and Local-SGD's codec
+        "comm_hook": cfg.strategy.get("comm_hook"),  # S-SGD's DDP hook: then no baseline of speedups
+    }
     workers = world_size(cfg)
     commit, dirty = git_commit()
     return {
         "id": os.path.relpath(job_dir, Path(cfg.out_root).resolve()),
-        "name": run_name(name, tau, workers, cfg.seed, progress),
+        "name": run_name(name, tau, workers, cfg.seed, variant_of(options)),
         "group": cfg.group,
         "run_id": run_id,
-        "method": name,
         "tau": tau,
-        "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
+        **options,
         "workers": workers,
         "seed": cfg.seed,
         "global_batch_size": cfg.data.batch_size * workers,

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 FINAL_KEYS = (
     *("test_acc", "steady_step_seconds", "samples_per_second", "train_seconds", "time_to_target_seconds"),
     *("hidden_fraction", "comm_seconds", "exposed_seconds", "rounds", "speedup_vs_ssgd"),
+    *("bytes_sent_per_round", "codec_seconds"),
     "finished_at",  # Unix time: which of two S-SGD runs of one condition came first
 )
 REDACTED = "<redacted>"

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod.app.identity import code_of, merge_variant
+from lightning_cocod.app.identity import code_of, variant_of
 from lightning_cocod.app.runs import Record, load_runs
 from lightning_cocod.app.speedup import speedup
 from lightning_cocod.methods import METHODS, label
@@ -72,12 +72,11 @@ def summarise(runs: list[Record]) -> list[Row]:
     for run in runs:
         # Records from before CoCoD's merge was an option ran the paper's rule, progress 1.
         progress = run.get("progress", 1.0) if run["method"] == "cocod" else None
-        cells[(run.get("condition_id"), run["method"], progress, run.get("tau"))].append(run)
+        cells[(run.get("condition_id"), run["method"], progress, variant_of(run), run.get("tau"))].append(run)
     rows = []
-    for (cid, method, progress, tau), members in cells.items():
+    for (cid, method, progress, variant, tau), members in cells.items():
         speedups = [speedup(member, runs)[0] for member in members]
         timelines = [m["timeline"] for m in members if m.get("timeline")]
-        variant = merge_variant(progress)
         # The runs whose own record said "unknown": their S-SGD run finished after them.
         late = sum(s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members))
         row = {
@@ -102,13 +101,14 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("speedup", speedups),
             **_stats("hidden", [m.get("hidden_fraction") for m in members]),
             **_stats("to_target", [m.get("time_to_target_seconds") for m in members]),
+            **_stats("sent", [m.get("bytes_sent_per_round") for m in members], 1e-6),
         }
         rows.append(row)
 
     def order(r: Row) -> tuple:
         tau = r["tau"]
         tau_order = (tau is not None, isinstance(tau, str), tau if isinstance(tau, int) else 0)
-        method = (list(METHODS).index(r["method"]), -(r["progress"] or 0))
+        method = (list(METHODS).index(r["method"]), -(r["progress"] or 0), r["label"])
         return (r["workers"], r["link"], r["condition"], *method, *tau_order)
 
     return sorted(rows, key=order)
@@ -146,6 +146,7 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "speedup vs S-SGD": lambda r: _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
         "hidden share": lambda r: "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
         f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)": to_target,
+        "sent per round (MB)": lambda r: "–" if r["sent"] is None else f"{r['sent']:.3g}",
     }
     lines = [
         f"# {group}: {len(runs)} run(s)",

@@ -16,11 +16,12 @@ from lightning_cocod.methods import METHODS
 
 Skipped = Callable[[Path, str], None]
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
+_NUMBERS += ("bytes_sent_per_round",)
 # The fields the report and the speedup rule compute with, by what they hold (None: null or missing).
 _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("an integer", (int,), ("seed", "workers")),
     ("a name", (str,), ("id",)),
-    ("a name", (str, type(None)), ("group", "condition_id", "link")),
+    ("a name", (str, type(None)), ("group", "condition_id", "link", "compression", "comm_hook")),
     ("a mapping", (dict, type(None)), ("condition",)),
     ("a period", (int, type(None)), ("tau",)),  # or "auto", let through below
     ("a number", (int, float, type(None)), (*_NUMBERS, "target_accuracy", "speedup_vs_ssgd", "progress")),

@@ -25,6 +25,7 @@ def baseline(record: Record, runs: Iterable[Record]) -> Record | None:
         r
         for r in runs
         if r.get("method") == "ssgd"
+        and not r.get("comm_hook")  # S-SGD compressing its gradients is a method compared, not the baseline
         and r.get("steady_step_seconds")
         and all(r.get(key) == record.get(key) for key in ("group", "condition_id", "seed"))
     ]
