@@ -3,7 +3,8 @@
     torchrun --nproc-per-node=2 examples/loop_example.py    # about 10 s on a 2-core machine
 
 The three lines marked ``# lightning_cocod`` are all it adds to the same script training each
-worker on its own shard. scikit-learn's handwritten digits need no download.
+worker on its own shard (without them, it is that script: tests/test_examples.py runs both).
+scikit-learn's handwritten digits need no download.
 """
 
 import torch
@@ -25,17 +26,22 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     order = torch.Generator().manual_seed(rank)
-    with CoCoD(model, optimizer, tau=4) as cocod:  # lightning_cocod
-        for epoch in range(5):
-            for batch in shard[torch.randperm(len(shard), generator=order)].split(32):
-                loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-            with torch.no_grad(), cocod.averaged():  # lightning_cocod
-                accuracy = (model(test_x).argmax(dim=1) == test_y).float().mean()
-            if rank == 0:
-                print(f"epoch {epoch}: test accuracy {accuracy:.3f}")
+    cocod = CoCoD(model, optimizer, tau=4).start()  # lightning_cocod
+    for epoch in range(5):
+        for batch in shard[torch.randperm(len(shard), generator=order)].split(32):
+            loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        with torch.no_grad():
+            accuracy = (model(test_x).argmax(dim=1) == test_y).float().mean()
+        if rank == 0:
+            print(f"epoch {epoch}: test accuracy {accuracy:.3f} (worker 0's model)")
+    cocod.close()  # lightning_cocod: the pending round merged, every worker's model the average
+    with torch.no_grad():
+        accuracy = (model(test_x).argmax(dim=1) == test_y).float().mean()
+    if rank == 0:
+        print(f"final: test accuracy {accuracy:.3f}")
     dist.destroy_process_group()
 
 

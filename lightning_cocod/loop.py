@@ -123,6 +123,11 @@ class _RoundsLoop:
             self.rounds.abandon()
             self._release()
 
+    def start(self) -> Self:
+        """What entering the ``with`` block does, for a loop that would rather not indent:
+        ``cocod = CoCoD(model, optimizer, tau=4).start()`` ... ``cocod.close()``."""
+        return self.__enter__()
+
     def close(self) -> None:
         """Merge the pending round and make every rank's weights the average (what leaving the
         ``with`` block does); every rank calls it."""
