@@ -179,3 +179,50 @@ def test_bytes_against_fp32():
         chunk = math.ceil(numel / world / codec.quantum) * codec.quantum
         compressed = 2 * (world - 1) * codec.payload_bytes(chunk)
         assert ring_bytes(4 * numel, world) / compressed >= least
+
+
+def _raw_body(rank: int, port: int, errors) -> None:
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        modes = {"raw": CompressedMean(_Comm(), Int8Codec(), delta=False), "delta": CompressedMean(_Comm(), Int8Codec())}
+        x = 3 * torch.randn(2048, generator=torch.Generator().manual_seed(0))  # one start; a block's max near 10
+        gen = torch.Generator().manual_seed(rank)
+        for round_ in range(4):
+            x = x + 1e-3 * torch.randn(2048, generator=gen)
+            exact = sum(_gathered(x.clone())) / 2
+            errors_by_mode = {}
+            for name, mean in modes.items():
+                bucket = x.clone()
+                mean.start_mean([bucket]).wait()
+                errors_by_mode[name] = (bucket - exact).abs().max().item()
+            if round_ == 0:
+                continue  # the delta mode's first round is exact
+            # Raw weights, every round: an int8 step of the weights' scale (max / 127), not of the
+            # rounds' progress, which is what the delta mode's error stays within.
+            largest = exact.abs().max().item()
+            assert largest / 127 / 8 < errors_by_mode["raw"] <= largest / 127, (round_, errors_by_mode)
+            assert errors_by_mode["delta"] < 1e-4, (round_, errors_by_mode)
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_the_raw_control_encodes_the_weights_every_round():
+    """``delta=False`` (the study's control): the reference is zero at every round, so what is
+    sent is the raw weights, whose int8 error is a block's largest weight over 254, every round."""
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_raw_body, args=(r, port, errors)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+        if p.is_alive():
+            p.kill()
+    assert errors.empty(), errors.get()
+    assert all(p.exitcode == 0 for p in procs)

@@ -249,6 +249,9 @@ class CompressedMean:
 
     def _exchange(self, buckets: list[Tensor], share: float) -> dict[str, float]:
         figures = {"codec_seconds": 0.0, "bytes_sent": 0.0, "bytes_received": 0.0}
+        if not self.delta:  # the raw-values control: every round against zero, not the last mean
+            for reference in self.reference or ():
+                reference.zero_()
         if self.residuals is None or self.sum_residuals is None:
             self.residuals = [torch.zeros(self._padded(b.numel()), device=b.device) for b in buckets]
             self.sum_residuals = [r.new_zeros(r.numel() // self.world_size) for r in self.residuals]
