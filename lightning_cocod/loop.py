@@ -83,7 +83,7 @@ class _RoundsLoop:
         device = next(self.model.parameters()).device
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
         world_size = dist.get_world_size(self.group)
-        comm = control = None
+        comm = control = codec_comm = None
         if world_size > 1:
             # Groups of their own (collective calls: every rank of the default group makes them):
             # the user's collectives never queue behind a model-sized all-reduce in flight.
@@ -91,8 +91,11 @@ class _RoundsLoop:
             comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
             gloo = dist.new_group(ranks, timeout=self.timeout, backend="gloo")  # figures and flags, on the host
             control = TorchDistCommunicator(gloo, torch.device("cpu"))
+            if self.rounds.codec is not None:  # compressed rounds' exchange, on a thread of its own
+                codec_comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
         self.rounds.attach(
             self.model, comm, rank=dist.get_rank(self.group), world_size=world_size, device=device, control=control,
+            codec_comm=codec_comm,
         )
         self.rounds.optimizers = [self.optimizer]
         self.rounds.start()
@@ -146,9 +149,9 @@ class _RoundsLoop:
         self._hooks = []
         with contextlib.suppress(AttributeError):
             delattr(self.optimizer, _OWNER)
-        comm, control = self.rounds.comm, self.rounds.control
+        comm, control, codec = self.rounds.comm, self.rounds.control, self.rounds.codec_comm
         self.rounds.close()
-        for communicator in {id(c): c for c in (comm, control) if c is not None}.values():
+        for communicator in {id(c): c for c in (comm, control, codec) if c is not None}.values():
             communicator.destroy()
 
     def _after_step(self) -> None:

@@ -74,3 +74,17 @@ def test_a_skipped_nan_leaves_compressed_ranks_consistent(tmp_path, method, stra
     assert torch.isfinite(final).all() and ranks[0]["final"] == ranks[1]["final"]
     # The run goes on as the exact skip policy does, up to bf16's rounding.
     torch.testing.assert_close(final, torch.tensor(reference(method)[1][0]), rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("codec", ["bf16", "int8"])
+def test_evaluation_inside_a_compressed_round(tmp_path, codec):
+    """Validation every 3 steps falls inside rounds of 4, while their exchange is on its thread:
+    the evaluation's exact average and the exchange each keep to their own group (on one, the two
+    threads' collectives paired up in a different order on each rank, and both ranks hung)."""
+    ranks = fit(
+        CoCoDStrategy(tau=TAU, compression=codec, start_method="fork"), tmp_path,
+        limit_val_batches=1, val_check_interval=3,
+    )
+    assert ranks[0]["final"] == ranks[1]["final"]
+    evaluated = [[weights for _, weights in record["evaluated"]] for record in ranks]
+    assert len(evaluated[0]) >= 3 and evaluated[0] == evaluated[1]  # both saw the same average

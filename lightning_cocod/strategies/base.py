@@ -88,6 +88,7 @@ class SyncStrategyBase(StrategyCommon):
         self.rounds = rounds(name, average_buffers=average_buffers, on_nonfinite=on_nonfinite)
         super().__init__(**options, **self._common_init(timeout, start_method))
         self._comm: TorchDistCommunicator | None = None  # the rounds' own process group
+        self._codec_comm: TorchDistCommunicator | None = None  # compressed rounds' exchange
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
         self._logged_rounds = 0
 
@@ -104,12 +105,16 @@ class SyncStrategyBase(StrategyCommon):
             self._comm = TorchDistCommunicator.on_new_group(
                 self.root_device, backend=self._process_group_backend, timeout=self._timeout
             )
+            if self.rounds.codec is not None:  # compressed rounds talk on a group of their own
+                self._codec_comm = TorchDistCommunicator.on_new_group(
+                    self.root_device, backend=self._process_group_backend, timeout=self._timeout
+                )
 
     def _attach(self) -> None:
         requests = self._requests.comm if self._requests is not None else None
         self.rounds.attach(
             self.lightning_module, self._comm, rank=self.global_rank, world_size=self.world_size,
-            device=self.root_device, control=requests,
+            device=self.root_device, control=requests, codec_comm=self._codec_comm,
         )
 
     def configure_ddp(self) -> None:
@@ -210,9 +215,10 @@ class SyncStrategyBase(StrategyCommon):
 
     def _close_rounds(self) -> None:
         self.rounds.close()
-        if self._comm is not None:
-            self._comm.destroy()
-            self._comm = None
+        for comm in (self._comm, self._codec_comm):
+            if comm is not None:
+                comm.destroy()
+        self._comm = self._codec_comm = None
         self._restored = None  # a checkpoint loaded for test() must not reach a later fit()
 
     # -- each rank's state in a checkpoint ----------------------------------------------------

@@ -72,6 +72,7 @@ class Rounds:
         # The periodic average in encoded deltas (core.compress): the algorithms that average the
         # model every round send it through ``round_comm``; consistency points stay exact.
         self.compressed: CompressedMean | None = None
+        self.codec_comm: Any = None
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
         if not isinstance(average_buffers, bool):
@@ -109,9 +110,15 @@ class Rounds:
 
     def attach(
         self, module: torch.nn.Module, comm: Communicator | None, *, rank: int, world_size: int,
-        device: torch.device, control: Communicator | None = None,
+        device: torch.device, control: Communicator | None = None, codec_comm: Any = None,
     ) -> None:
-        """Take the module's tensors (identical on every rank by now) and the group to average on."""
+        """Take the module's tensors (identical on every rank by now) and the group to average on.
+        ``codec_comm``: a group of its own for compressed rounds (a TorchDistCommunicator), needed
+        with ``compression``: their exchange runs on a thread, and collectives that two threads
+        issue on one group may pair up in a different order on each rank."""
+        if comm is not None and self.codec is not None and codec_comm is None:
+            raise ValueError(f"{self.owner}: compressed rounds need a process group of their own (codec_comm)")
+        self.codec_comm = codec_comm
         self.module, self.comm, self.control = module, comm, control if control is not None else comm
         self.rank, self.world_size, self.device = rank, world_size, device
         live = self._live_tensors()
@@ -124,7 +131,7 @@ class Rounds:
         self.comm_stats = CommStats()
         self._unrecorded = []
         if self.comm is not None and self.codec is not None:
-            self.compressed = CompressedMean(self.comm, self.codec, self.error_feedback)
+            self.compressed = CompressedMean(self.codec_comm, self.codec, self.error_feedback)
         if self.comm is not None:
             self.build()
 
@@ -379,7 +386,7 @@ class Rounds:
         if self.compressed is not None:
             self.compressed.close()
             self.compressed = None
-        self.comm = self.control = None
+        self.comm = self.control = self.codec_comm = None
         self._scratch = None
         self.tensors = []
 
