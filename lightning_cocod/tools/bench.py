@@ -2,7 +2,7 @@
 
     cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
     cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
-    cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 2
+    cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 1
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
     cocod-bench --rates 100mbit --methods cocod,cocod:int8,cocod:bf16,ssgd:powersgd   # compressed
     cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
