@@ -260,3 +260,104 @@ def test_a_bad_tau_max_is_a_one_line_error(argv, message, capsys):
         bench.parse_args(argv)
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0]
+
+
+# --- compressed rounds and DDP's hooks as methods -------------------------------------------------
+
+
+def test_codecs_and_hooks_are_methods_of_their_own():
+    from lightning_cocod.tools import bench
+
+    specs = bench.parse_args(
+        ["--methods", "cocod,cocod:int8,cocod:auto:bf16,local_sgd:8:int8,ssgd:bf16,ssgd:powersgd,ssgd:powersgd4"]
+    ).method_specs
+    assert [s.get("compression") for s in specs] == [None, "int8", "bf16", "int8", None, None, None]
+    assert [s.get("comm_hook") for s in specs] == [None, None, None, None, "bf16", "powersgd", "powersgd"]
+    assert specs[6]["powersgd_rank"] == 4 and "powersgd_rank" not in specs[5]
+    assert [bench.method_label(s) for s in specs] == [
+        "CoCoD-SGD tau=4", "CoCoD-SGD tau=4 int8", "CoCoD-SGD tau=auto bf16", "Local-SGD tau=8 int8",
+        "S-SGD +bf16 hook", "S-SGD +PowerSGD rank 1", "S-SGD +PowerSGD rank 4",
+    ]
+
+
+def test_the_tools_codec_names_are_the_strategies():
+    from lightning_cocod.core.compress import CODECS
+    from lightning_cocod.strategies.ssgd import COMM_HOOKS
+    from lightning_cocod.tools import compare
+
+    assert compare.COMPRESSIONS == tuple(CODECS) and compare.COMM_HOOKS == COMM_HOOKS
+
+
+@pytest.mark.parametrize(
+    "methods, message",
+    [
+        ("cocod:int4", "option 'int4' of method 'cocod:int4' not understood; accepted: "),
+        ("ssgd:int8", "compression bf16 or int8 (local_sgd, cocod), DDP hook bf16, fp16 or powersgd[RANK] (ssgd)"),
+        ("pipe_sgd:bf16", "option 'bf16' of method 'pipe_sgd:bf16' not understood"),
+        ("cocod:int8:bf16", "method 'cocod:int8:bf16' names two codecs, 'int8' and 'bf16': give one"),
+        ("ssgd:powersgd0", "PowerSGD's rank must be at least 1, got 0"),
+    ],
+)
+def test_a_bad_codec_is_a_one_line_error_naming_the_accepted(methods, message, capsys):
+    from lightning_cocod.tools import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", methods])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_bytes_and_codec_time_per_round_and_the_codecs_share_of_the_rounds_compute(monkeypatch, tmp_path):
+    from lightning_cocod.tools import bench
+
+    sent = []
+
+    def fake_run_method(spec, workers, rate, out, timeout_s=0, suffix="", topology="loopback", latency=None):
+        sent.append(spec)
+        if spec["method"] == "bound":
+            return [rank_result([1.0] * 16)] * workers
+        compressed = spec.get("compression") == "int8"
+        # The fit's first round (launched at step 0, in the warm-up) is exact fp32 and slow to encode.
+        rounds = [(0, 4, 1.0, 0.0, 400, 400, 0.0)] + [
+            (k, k + 4, 0.5, 0.0, 101 if compressed else 400, 101 if compressed else 400, 0.06 if compressed else 0.0)
+            for k in range(4, 16, 4)
+        ]
+        if spec["method"] == "ssgd":  # DDP: the strategy sees no rounds
+            return [rank_result([1.0] * 16)] * workers
+        result = rank_result([1.0] * 16, rounds=rounds, comm={"exposed_seconds": 0.0, "hidden_fraction": 1.0})
+        return [result] * workers
+
+    monkeypatch.setattr(bench, "run_method", fake_run_method)
+    args = bench.parse_args([
+        "--methods", "ssgd,cocod,cocod:int8", "--steps", "16", "--warmup", "4", "--rates", "100mbit", "--no-overhead",
+    ])
+    figures = bench.measure(args, {"tau": 4}, tmp_path)
+    assert [s.get("compression") for s in sent if s["method"] == "cocod"] == [None, "int8"]
+    by_name = {name: runs[str(100_000_000)] for name, runs in figures["methods"].items()}
+    int8, fp32 = by_name["CoCoD-SGD tau=4 int8"], by_name["CoCoD-SGD tau=4"]
+    assert int8["bytes_sent_per_round"] == 101 and fp32["bytes_sent_per_round"] == 400
+    assert int8["codec_seconds_per_round"] == pytest.approx(0.06) and int8["compression"] == "int8"
+    assert int8["codec_share"] == pytest.approx(0.06 / (4 * 1.0))  # a round of 4 steps of 1 s
+    assert "codec_share" not in fp32 and by_name["S-SGD"]["bytes_sent_per_round"] is None
+    table = bench.results_table(args, {"workers": {"2": figures}}).splitlines()
+
+    def last_cells(label: str) -> list[str]:
+        row = next(line for line in table if f"| {label} " in line)
+        return [cell.strip() for cell in row.strip(" |").split("|")][-2:]
+
+    assert last_cells("CoCoD-SGD tau=4 int8") == ["0.00", "0.060 (1.5%)"]
+    assert last_cells("CoCoD-SGD tau=4") == ["0.00", "0.000"] and last_cells("S-SGD") == ["n/a", "n/a"]
+
+
+def test_the_worker_builds_compressed_rounds_and_ddp_hooks_and_refuses_them_elsewhere():
+    from lightning_cocod.tools.worker import make_strategy
+
+    assert make_strategy("cocod", 4, compression="int8").rounds.codec.name == "int8"
+    assert make_strategy("local_sgd", 4, compression="bf16").rounds.codec.name == "bf16"
+    assert make_strategy("cocod", 4).rounds.codec is None
+    hooked = make_strategy("ssgd", 4, comm_hook="powersgd", powersgd_rank=2)
+    assert hooked.comm_hook == "powersgd" and hooked._ddp_comm_state.matrix_approximation_rank == 2
+    with pytest.raises(ValueError, match="compression='int8' compresses rounds of local_sgd, cocod only"):
+        make_strategy("ssgd", 4, compression="int8")
+    with pytest.raises(ValueError, match="comm_hook='bf16' is a DDP hook of ssgd only; 'cocod' takes none"):
+        make_strategy("cocod", 4, comm_hook="bf16")

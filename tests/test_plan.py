@@ -7,6 +7,7 @@ T = 6 x 0.1001 = 0.6006 s, and a tiny all-reduce t_0 = 6 x 0.1 ms = 0.6 ms.
 """
 
 import math
+import re
 import subprocess
 import sys
 
@@ -307,3 +308,118 @@ def test_cocod_plan_answers_without_loading_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True)
     assert "recommended: CoCoD-SGD tau=2 " in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+# --- compressed rounds ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_bytes_per_element_are_the_codecs_payloads():
+    from lightning_cocod.core.compress import make_codec
+
+    elements = 2048 * 1000  # whole int8 blocks: one fp32 scale each
+    for name in ("bf16", "int8"):
+        assert plan.BYTES_PER_ELEMENT[name] == make_codec(name).payload_bytes(elements) / elements
+    assert plan.BYTES_PER_ELEMENT[None] == 4 and plan.BYTES_PER_ELEMENT["int8"] == 1 + 4 / 2048
+
+
+# HAND in int8 at 10 ns an element a round: the wire carries 1e6 x (1 + 4/2048) = 1,001,953 bytes,
+# T = 6 x (0.1 ms + 250,488 B / 10 MB/s) = 150.9 ms, and the codec 1e6 x 10 ns = 10 ms.
+INT8_T = 6 * (1e-4 + 1e6 * (1 + 4 / 2048) / 4 / 1e7)
+
+
+@pytest.mark.timeout(10)
+def test_a_compressed_round_carries_its_codecs_bytes_and_takes_its_codecs_time():
+    int8 = plan.with_codec(HAND, "int8", 10e-9)
+    assert allreduce_seconds(int8) == pytest.approx(INT8_T) and int8.codec_seconds == pytest.approx(0.01)
+    assert allreduce_seconds(plan.with_codec(HAND, "bf16")) == pytest.approx(6 * (1e-4 + 0.05))
+    # tau=1: nothing hides the round; tau=2: 0.2 s of compute hide 150.9 + 10 + 0.6 ms.
+    assert step_seconds(int8, "cocod", 1) == pytest.approx(0.001 + INT8_T + 0.01 + 0.0006)
+    assert step_seconds(int8, "cocod", 2) == pytest.approx((0.001 + 0.2) / 2)
+    assert step_seconds(int8, "local_sgd", 4) == pytest.approx(0.1 + (0.0006 + INT8_T + 0.01 + 0.001) / 4)
+    # The rule sees the codec inside the round's time, as the strategy measures it: 1.2 x 161.5 ms
+    # needs 2 steps of 0.1 s; fp32's 601.2 ms needs 8.
+    assert auto_period(int8, tau_max=64) == 2 and auto_period(HAND, tau_max=64) == 8
+    with pytest.raises(ValueError, match="codec 'int4' is not modelled; accepted: None, bf16, fp16, int8"):
+        plan.with_codec(HAND, "int4")
+
+
+@pytest.mark.timeout(10)
+def test_the_command_gives_the_period_that_hides_a_compressed_round(capsys):
+    argv = [
+        "--workers", "4", "--model-bytes", "4000000", "--bandwidth", "80mbit", "--latency", "100us",
+        "--efficiency", "1", "--step-ms", "100", "--round-ms", "1", "--tau-max", "64",
+    ]
+    assert plan.main([*argv, "--compression", "int8,bf16", "--codec-ns", "int8=10"]) == 0
+    out = re.sub(" +", " ", capsys.readouterr().out)  # the table's cells without their padding
+    assert "recommended: CoCoD-SGD tau=8 " in out  # fp32, as before
+    assert (
+        "with int8 rounds (1.00195 bytes an element, against fp32's 4): CoCoD-SGD tau=2 hides the round: "
+        in out
+    )
+    assert f"the round takes {1e3 * INT8_T:.1f} ms on the wire and 10.0 ms in the codec (5.0% of the period's" in out
+    # bf16: T = 6 x (0.1 ms + 0.05 s) = 300.6 ms, no codec cost given: 1.2 x 301.2 / 100 -> 4.
+    assert "with bf16 rounds (2 bytes an element, against fp32's 4): CoCoD-SGD tau=4 hides" in out
+    assert f"| CoCoD-SGD tau=4 int8 | {1e3 * (0.001 + 0.4) / 4:.1f} " in out
+    assert f"| Local-SGD tau=4 bf16 | {1e3 * (0.1 + (0.0006 + 0.3006 + 0.001) / 4):.1f} " in out
+    assert "| CoCoD-SGD tau=auto int8 (2, tau_max 64) |" in out
+    # One figure prices every codec.
+    assert plan.main([*argv, "--compression", "bf16", "--codec-ns", "10"]) == 0
+    assert "300.6 ms on the wire and 10.0 ms in the codec" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--compression", "int4"], "--compression 'int4' is not understood; accepted: bf16, int8, comma-separated"),
+        (["--compression", "int8", "--codec-ns", "int8=-1"], "--codec-ns 'int8=-1' is not understood; accepted: "),
+        (["--compression", "int8", "--codec-ns", "fp16=3"], "(e.g. int8=40,bf16=20; codecs: bf16, int8)"),
+        (["--compression", "int8", "--codec-ns", "bf16=3"], "--codec-ns names bf16, not in --compression int8"),
+        (["--codec-ns", "3"], "--codec-ns prices a codec's rounds: give --compression too"),
+    ],
+)
+def test_bad_codec_options_are_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        plan.main(["--step-ms", "60", *argv])
+    assert info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+    with pytest.raises(SystemExit):
+        plan.main(["--validate", "bench.json", "--compression", "int8"])
+    assert "are read from the benchmark with --validate" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(10)
+def test_validation_predicts_compressed_runs_with_their_own_codec_time():
+    figures = _bench_figures(0.0006 + 5.96e6 / 8e6)  # calibrated as above: efficiency 0.8, 40 kB bucket
+    methods = figures["workers"]["4"]["methods"]
+    methods["CoCoD-SGD tau=1 int8"] = {"80000000": {
+        "method": "cocod", "tau": 1, "taus": [1], "step_seconds": 0.2, "compression": "int8",
+        "codec_seconds_per_round": 0.01, "comm_seconds_per_round": 0.19, "bytes_sent_per_round": 1.5e6,
+    }}
+    # A compressed Local-SGD round does not calibrate the link (its time is not fp32's).
+    methods["Local-SGD tau=4 int8"] = {"80000000": {
+        "method": "local_sgd", "tau": 4, "taus": [4], "step_seconds": 0.15, "compression": "int8",
+        "codec_seconds_per_round": 0.01, "comm_seconds_per_round": 0.01,
+    }}
+    figures["workers"]["4"]["methods"] = {"Local-SGD tau=4 int8": methods.pop("Local-SGD tau=4 int8"), **methods}
+    methods = figures["workers"]["4"]["methods"]
+    methods["S-SGD +bf16 hook"] = {"80000000": {"method": "ssgd", "tau": None, "taus": None, "step_seconds": 0.5,
+                                                "comm_hook": "bf16"}}
+    methods["S-SGD +PowerSGD rank 1"] = {"80000000": {"method": "ssgd", "tau": None, "taus": None,
+                                                      "step_seconds": 0.3, "comm_hook": "powersgd"}}
+    assert plan.calibrate(figures)[1] == pytest.approx(0.8)
+    rows = {r["method"]: r for r in plan.validate(figures)}
+    wire = 6 * 1e6 * (1 + 4 / 2048) / 4  # bytes over the 4 links' hops
+    t_int8 = 0.0006 + (wire - 40_000) / 8e6
+    round_seconds = 4e6 / 1.5e9
+    int8 = rows["CoCoD-SGD tau=1 int8"]
+    assert int8["predicted"] == pytest.approx(round_seconds + t_int8 + 0.01 + 0.0006)
+    assert int8["allreduce"] == [0.19, pytest.approx(t_int8 + 0.01)]
+    assert int8["bytes_sent"] == [1.5e6, pytest.approx(1.5 * 1e6 * (1 + 4 / 2048))]
+    assert rows["S-SGD +bf16 hook"]["predicted"] == pytest.approx(0.1 + 0.0006 + (3e6 - 40_000) / 8e6 + 0.0006)
+    assert rows["S-SGD +PowerSGD rank 1"]["predicted"] is None
+    table = plan.validation_table(list(rows.values()))
+    assert "not modelled (powersgd: its bytes follow the layers' shapes)" in table
+    assert "1.50 / 1.50" in table and "of 6 step times within 15%" in table

@@ -2,14 +2,18 @@
 
     cocod-bench                                   # ResNet18, 2 workers, 300 Mbit/s, tau=4
     cocod-bench --rates 100mbit,300mbit,1gbit,10gbit --methods cocod:auto --steps 48
-    cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 2
+    cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 1
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
+    cocod-bench --rates 100mbit --methods cocod,cocod:int8,cocod:bf16,ssgd:powersgd   # compressed
     cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
     cocod-bench --topology pernode --workers 2,4,8 --model small_cnn --rates 10mbit,50mbit
                                                   # a link per worker: speedup against workers
 
 A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto``, ``cocod:ps``
-(proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``. ``cocod:auto`` is
+(proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``; ``cocod:int8`` and
+``local_sgd:bf16`` send their rounds compressed (``compression=``), ``ssgd:bf16``, ``ssgd:fp16``
+and ``ssgd:powersgd`` (rank 1; ``ssgd:powersgd4``: rank 4) are DDP with torch's gradient
+compression hooks (``comm_hook=``). ``cocod:auto`` is
 ``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 1: longer periods cost
 accuracy); ``--tau-max N`` gives every ``cocod:auto`` method ``tau_max=N`` and its label says so.
 
@@ -44,39 +48,23 @@ from lightning_cocod.core.adapt import SAFE_TAU_MAX
 from lightning_cocod.figures import markdown_table, steady_step_seconds
 from lightning_cocod.launch import TOPOLOGIES, LatencyUnsupported, format_latency, format_rate, parse_latency
 from lightning_cocod.launch.cluster import measured_round_trip
-from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC
+from lightning_cocod.methods import METHODS, PERIODIC
 from lightning_cocod.tools.compare import (
     BOUND,
     BOUND_LABEL,
     method_label,
     option_type,
+    parse_method,
     parse_worker_counts,
     plot_file,
     read_rate,
     require_at_least,
+    round_figures,
     run_method,
 )
 from lightning_cocod.tools.plan import validate, validation_table
 
 SSGD = METHODS["ssgd"].label
-
-
-def parse_method(token: str, default_tau: int) -> dict[str, Any]:
-    """'cocod:auto:ps' -> {"method": "cocod", "tau": "auto", "proportional": True}."""
-    name, *options = token.split(":")
-    if name not in METHODS:
-        raise ValueError(f"method {token!r} not understood; accepted: {', '.join(METHODS)} with :TAU, :auto, :ps")
-    spec: dict[str, Any] = {"method": name, "tau": default_tau, "proportional": False}
-    for option in options:
-        if option == "ps" and name in PERIODIC:
-            spec["proportional"] = True
-        elif option == "auto" and name in ADAPTIVE:
-            spec["tau"] = "auto"
-        elif option.isdigit() and int(option) >= 1 and name in PERIODIC:
-            spec["tau"] = int(option)
-        else:
-            raise ValueError(f"option {option!r} of method {token!r} not understood (accepted: TAU, auto for cocod, ps)")
-    return spec
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -114,7 +102,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--methods", default=",".join(METHODS), help="e.g. ssgd,cocod,cocod:auto,cocod:ps")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS),
+        help="e.g. ssgd,cocod,cocod:auto,cocod:ps,cocod:int8,local_sgd:bf16,ssgd:powersgd (see the module's doc)",
+    )
     parser.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)")
     parser.add_argument("--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)")
     parser.add_argument(
@@ -221,8 +212,6 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     comm = [r["comm"] for r in results if r.get("comm")]
     durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
     mean = statistics.fmean(durations) if durations else 0.0
-    # Launch to completion of each all-reduce of the model after the warm-up, over every rank.
-    round_comm = [r_[2] for r in results for r_ in r.get("rounds", []) if r_[0] >= warmup]
     history = results[0].get("tau_history") or []
     return {
         "step_seconds": pace(joint_timeline(results)),
@@ -238,7 +227,8 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
         "model_bytes": results[0]["model_bytes"],
         # Spread of single steps across ranks and steps: the jitter a per-step barrier pays for.
         "step_cv": statistics.pstdev(durations) / mean if len(durations) > 1 and mean > 0 else None,
-        "comm_seconds_per_round": statistics.median(round_comm) if round_comm else None,
+        # Each round of the model launched after the warm-up, over every rank.
+        **round_figures(results, warmup),
         "taus": periods_after(history, warmup),
     }
 
@@ -297,7 +287,10 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
             periodic = method["method"] in PERIODIC
             result = run({**spec, **method}, rate, periodic)
             # What the run was, for the performance model (plan.validate) to predict it.
-            result.update(method=method["method"], tau=method["tau"] if periodic else None)
+            result.update(
+                method=method["method"], tau=method["tau"] if periodic else None,
+                compression=method.get("compression"), comm_hook=method.get("comm_hook"),
+            )
             if method["tau"] == "auto":
                 result["tau_max"] = method.get("tau_max", SAFE_TAU_MAX)
             if result["taus"] is None and isinstance(result["tau"], int):
@@ -306,6 +299,10 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
     bound_seconds = statistics.median(b["step_seconds"] for b in bounds)
     for result in runs:
         result["vs_bound"] = result["step_seconds"] / bound_seconds
+        if result.get("compression") and result["codec_seconds_per_round"] is not None:
+            # The codec against the compute it hides behind: a round's steps, at the bound's pace.
+            steps = statistics.median(result["taus"]) if result.get("taus") else result["tau"]
+            result["codec_share"] = result["codec_seconds_per_round"] / (steps * bound_seconds)
     for bps in map(str, args.rate_bps):
         ssgd = figures["methods"].get(SSGD, {}).get(bps)
         for by_rate in figures["methods"].values():
@@ -351,6 +348,16 @@ def ratio(figure: dict[str, Any], key: str) -> str:
     return f"{value:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else "")
 
 
+def round_columns(f: dict[str, Any]) -> list[str]:
+    """What one rank sent per round, and the codec's time per round with its share of the
+    round's compute for a compressed run; n/a for DDP, whose buckets the strategy does not see."""
+    sent, codec = f.get("bytes_sent_per_round"), f.get("codec_seconds_per_round")
+    if sent is None:
+        return ["n/a", "n/a"]
+    share = f" ({100 * f['codec_share']:.1f}%)" if f.get("codec_share") is not None else ""
+    return [f"{sent / 1e6:.2f}", f"{codec:.3f}{share}" if codec is not None else "n/a"]
+
+
 def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     """Every run's figures; a workers column when there are several counts."""
     several = len(args.worker_counts) > 1
@@ -369,11 +376,12 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                     f"{exposed:.3f}" if exposed is not None else "n/a",
                     f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
                     f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
-                    f"{f['buffer_copies']:.1f}",
+                    f"{f['buffer_copies']:.1f}", *round_columns(f),
                 ])
     headers = [
         *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",
-        "exposed s/step", "hidden", "peak RSS/worker (vs bound)", "flat copies",
+        "exposed s/step", "hidden", "peak RSS/worker (vs bound)", "flat copies", "MB sent/round",
+        "codec s/round (of compute)",
     ]
     return markdown_table(headers, rows)
 

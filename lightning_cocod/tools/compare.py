@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import re
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,11 @@ from lightning_cocod.launch.progress import ProgressRelay
 BOUND = "bound"
 BOUND_LABEL = "compute only (bound)"
 _RATE = re.compile(r"(\d+(?:\.\d+)?)([kmg])(?:bit|bps)", re.IGNORECASE)
+# A round's codecs (``core.compress.CODECS``) and DDP's hooks (``strategies.ssgd.COMM_HOOKS``),
+# spelled out here because this module imports no torch; a test checks that the lists agree.
+COMPRESSIONS = ("bf16", "int8")
+COMM_HOOKS = ("bf16", "fp16", "powersgd")
+_POWERSGD = re.compile(r"powersgd(\d*)")
 
 
 def option_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -68,15 +74,75 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
 
 
+def parse_method(token: str, default_tau: int) -> dict[str, Any]:
+    """A method as the tools' --methods write it: a name, then options after colons.
+    'cocod:auto:ps' -> {"method": "cocod", "tau": "auto", "proportional": True}; 'cocod:int8'
+    compresses the rounds (``compression="int8"``); 'ssgd:powersgd2' is DDP with torch's
+    PowerSGD hook of rank 2 (``comm_hook="powersgd"``, ``powersgd_rank=2``)."""
+    name, *options = token.split(":")
+    accepted = (
+        f"TAU and ps ({', '.join(methods.PERIODIC)}), auto ({', '.join(methods.ADAPTIVE)}), "
+        f"compression {' or '.join(COMPRESSIONS)} ({', '.join(methods.PERIODIC)}), "
+        f"DDP hook {', '.join(COMM_HOOKS[:-1])} or powersgd[RANK] (ssgd)"
+    )
+    if name not in methods.METHODS:
+        raise ValueError(f"method {token!r} not understood; accepted: {', '.join(methods.METHODS)}, options {accepted}")
+    spec: dict[str, Any] = {"method": name, "tau": default_tau, "proportional": False}
+    for option in options:
+        powersgd = _POWERSGD.fullmatch(option)
+        if "compression" in spec or "comm_hook" in spec:
+            codec = spec.get("compression") or spec["comm_hook"]
+            if option in COMPRESSIONS or option in COMM_HOOKS or powersgd:
+                raise ValueError(f"method {token!r} names two codecs, {codec!r} and {option!r}: give one")
+        if option == "ps" and name in methods.PERIODIC:
+            spec["proportional"] = True
+        elif option == "auto" and name in methods.ADAPTIVE:
+            spec["tau"] = "auto"
+        elif option.isdigit() and int(option) >= 1 and name in methods.PERIODIC:
+            spec["tau"] = int(option)
+        elif option in COMPRESSIONS and name in methods.PERIODIC:
+            spec["compression"] = option
+        elif name == "ssgd" and (option in COMM_HOOKS or powersgd):
+            spec["comm_hook"] = "powersgd" if powersgd else option
+            if powersgd and powersgd[1]:
+                if int(powersgd[1]) < 1:
+                    raise ValueError(f"method {token!r}: PowerSGD's rank must be at least 1, got {powersgd[1]}")
+                spec["powersgd_rank"] = int(powersgd[1])
+        else:
+            raise ValueError(f"option {option!r} of method {token!r} not understood; accepted: {accepted}")
+    return spec
+
+
 def method_label(spec: dict[str, Any]) -> str:
     """The table's label of a run's spec: the method and its period ("CoCoD-SGD tau=4"), a raised
     bound of tau="auto" (its runs are not the default's: the bound changes what tau="auto" may
-    choose), proportional sampling; or the bound's label."""
+    choose), its codec ("CoCoD-SGD tau=4 int8", "S-SGD +PowerSGD rank 1"), proportional
+    sampling; or the bound's label."""
     if spec["method"] == BOUND:
         return BOUND_LABEL
     text = methods.label(spec["method"], spec.get("tau"))
     text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
+    text += f" {spec['compression']}" if spec.get("compression") else ""
+    if spec.get("comm_hook") == "powersgd":
+        text += f" +PowerSGD rank {spec.get('powersgd_rank', 1)}"
+    elif spec.get("comm_hook"):
+        text += f" +{spec['comm_hook']} hook"
     return text + (" +PS" if spec.get("proportional") else "")
+
+
+def round_figures(results: list[dict[str, Any]], from_step: int = 0) -> dict[str, float | None]:
+    """Medians over every rank's rounds launched at ``from_step`` or later of what a worker
+    records per round: seconds launch to completion, bytes this rank sent and received, codec
+    seconds (part of the first). None where no round recorded it (DDP's buckets, older runs).
+    The median keeps a fit's first round, exact fp32 in a compressed run, from counting."""
+    rounds = [r for result in results for r in result.get("rounds", []) if r[0] >= from_step]
+    # The columns of a worker's "rounds" (index 3, the exposed seconds, is summed elsewhere).
+    columns = {"comm_seconds": 2, "bytes_sent": 4, "bytes_received": 5, "codec_seconds": 6}
+    figures: dict[str, float | None] = {}
+    for key, index in columns.items():
+        values = [r[index] for r in rounds if len(r) > index]
+        figures[f"{key}_per_round"] = statistics.median(values) if values else None
+    return figures
 
 
 def run_method(
@@ -87,6 +153,7 @@ def run_method(
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
     apart the folders of repeated runs of one method."""
     name = spec["method"] + (f"-tau{spec['tau']}" if spec["method"] in methods.PERIODIC else "")
+    name += "".join(f"-{spec[key]}" for key in ("compression", "comm_hook", "powersgd_rank") if spec.get(key))
     name += "-ps" if spec.get("proportional") else ""
     run_dir = out_dir / f"{name}-{rate or 'unshaped'}{suffix}"
     run_dir.mkdir(parents=True, exist_ok=True)

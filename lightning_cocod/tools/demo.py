@@ -3,6 +3,10 @@ simulated slow link, then a table and a plot of test accuracy against wall time.
 
     cocod-demo                      # 2 CPU workers, digits, 100 Mbit/s shaped loopback
     cocod-demo --rate 1gbit --epochs 5 --out runs/demo
+    cocod-demo --methods ssgd,ssgd:powersgd,cocod,cocod:int8   # compressed rounds and DDP's hooks
+
+``--methods`` takes cocod-bench's spelling: ``cocod:8`` (tau 8), ``cocod:int8`` / ``cocod:bf16``
+(compressed rounds), ``ssgd:bf16`` / ``ssgd:fp16`` / ``ssgd:powersgd[RANK]`` (DDP's hooks).
 """
 
 from __future__ import annotations
@@ -16,8 +20,17 @@ from typing import Any
 
 from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch import format_rate
-from lightning_cocod.methods import METHODS, label
-from lightning_cocod.tools.compare import option_type, plot_file, read_rate, require_at_least, run_method
+from lightning_cocod.methods import METHODS
+from lightning_cocod.tools.compare import (
+    method_label,
+    option_type,
+    parse_method,
+    plot_file,
+    read_rate,
+    require_at_least,
+    round_figures,
+    run_method,
+)
 
 # SmallCNN on 8x8 digits: ~30 ms per step per worker here (2 workers on 2 cores), 0.59 MB of
 # parameters. On a 100 Mbit/s link shared by both directions an all-reduce moves about twice
@@ -37,14 +50,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--width", type=int, default=48, help="SmallCNN width (model size)")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS),
+        help=f"comma-separated, of {','.join(METHODS)}, with options as cocod-bench's: e.g. cocod:int8,ssgd:powersgd",
+    )
     parser.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     args = parser.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.methods if m not in METHODS]
-    if bad or not args.methods:
-        parser.error(f"--methods {','.join(bad) or '(empty)'} not understood; accepted: {', '.join(METHODS)}")
     require_at_least(parser, args, workers=2, epochs=1, tau=1, batch_size=1, width=1)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not args.methods:
+        parser.error(f"--methods (empty) not understood; accepted: {', '.join(METHODS)}")
+    try:
+        args.specs = {m: parse_method(m, args.tau) for m in args.methods}
+    except ValueError as err:
+        parser.error(f"--methods: {err}")
+    if any(spec["tau"] == "auto" or spec["proportional"] for spec in args.specs.values()):
+        parser.error("--methods: the demo runs fixed periods without proportional sampling; use cocod-bench for auto, ps")
     args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
     return args
 
@@ -61,6 +82,19 @@ def hidden_share(results: list[dict[str, Any]]) -> str:
     total = sum(c["comm_seconds"] for c in comms)
     exposed = sum(c["exposed_seconds"] for c in comms)
     return f"{100 * max(0.0, 1 - exposed / total):.0f}%" if total > 0 else "n/a"
+
+
+def round_columns(ranks: list[dict[str, Any]]) -> list[str]:
+    """Bytes one rank sent per round, and the codec's seconds per round with their share of the
+    round's steps as the run took them (communication waits included); n/a for DDP."""
+    figures = round_figures(ranks)
+    sent, codec = figures["bytes_sent_per_round"], figures["codec_seconds_per_round"]
+    if sent is None:
+        return ["n/a", "n/a"]
+    steps = len(ranks[0]["step_ends"])
+    round_seconds = ranks[0]["tau"] * ranks[0]["train_seconds"] / steps if steps else 0.0
+    share = f" ({100 * codec / round_seconds:.1f}%)" if codec and round_seconds > 0 else ""
+    return [f"{sent / 1e6:.3f}", f"{codec:.4f}{share}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,16 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size, "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True,
         "tau": args.tau,
     }
-    results = {m: run_method({**spec, "method": m}, args.workers, args.rate, out) for m in args.methods}
+    results = {m: run_method({**spec, **args.specs[m]}, args.workers, args.rate, out) for m in args.methods}
     base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
     rows = [
         [
-            label(method, args.tau), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
-            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks),
+            method_label(args.specs[method]), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
+            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks), *round_columns(ranks),
         ]
         for method, ranks in results.items()
     ]
-    table = markdown_table(["method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden"], rows)
+    headers = [
+        "method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden", "MB sent/round",
+        "codec s/round (of its steps)",
+    ]
+    table = markdown_table(headers, rows)
     print("\n" + table)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results))
@@ -105,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for method, ranks in results.items():
             points = ranks[0]["timeline"]
             ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3,
-                    label=label(method, args.tau))
+                    label=method_label(args.specs[method]))
     print(f"\nplot: {png}\ntable: {out / 'table.md'}")
     return 0
 

@@ -4,6 +4,8 @@
     cocod-plan --workers 16,32,64,128,256 --bandwidth 1gbit --model vgg16 --step-ms 45 --jitter 0.05
     cocod-plan --validate runs/bench-.../bench.json   # predicted against measured, every run
     cocod-plan --workers 64 --bandwidth 1gbit --step-ms 60 --tau-max 64   # tau="auto" bounded by 64
+    cocod-plan --workers 2 --bandwidth 100mbit --step-ms 1900 --topology loopback --device cpu \
+        --compression bf16,int8 --codec-ns int8=40,bf16=20    # compressed rounds, and their codec's cost
 
 The model, per optimizer step (t_c: compute time per step; S: model bytes; N workers):
 
@@ -22,6 +24,11 @@ The model, per optimizer step (t_c: compute time per step; S: model bytes; N wor
   tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures, at most
   the strategy's tau_max: ``SAFE_TAU_MAX`` (1) by default, ``--tau-max`` to raise it. The
   recommendation gives the period that hides communication whatever the bound.
+* ``--compression bf16,int8``: rows for Local-SGD and CoCoD-SGD rounds sent in that codec: the
+  all-reduce carries ``BYTES_PER_ELEMENT`` bytes an element (fp32 4, bf16 2, int8 1 and a 4-byte
+  scale per 2,048) instead of 4, in the same 2 (N-1) / N of the model each rank sends, and the
+  round takes the codec's own time too (``--codec-ns``, nanoseconds per element of the model a
+  round, encoding and decoding; with ``--validate``, what the run itself measured).
 * ``--jitter c``: each worker's step time i.i.d. with coefficient of variation c. A barrier
   every step (S-SGD, Pipe-SGD) waits for the slowest of N: t_c (1 + c e_N), e_N the expected
   maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD)
@@ -51,7 +58,14 @@ from lightning_cocod.figures import markdown_table
 from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
 from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC, label
-from lightning_cocod.tools.compare import BOUND, BOUND_LABEL, option_type, parse_worker_counts, read_rate
+from lightning_cocod.tools.compare import (
+    BOUND,
+    BOUND_LABEL,
+    COMPRESSIONS,
+    option_type,
+    parse_worker_counts,
+    read_rate,
+)
 
 # fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
 # methods average with them; classes of CIFAR-10 unless named.
@@ -70,6 +84,9 @@ OVERLAP = {"resnet18": 0.6, "vgg16": 0.6, "vgg16_c100": 0.6, "small_cnn": 0.0}
 # about six passes over the model through memory). cpu: measured here (ResNet18: ~0.03 s a round,
 # README); gpu: assumed, six passes at ~300 GB/s of a GTX 1080Ti-class GPU's 484 GB/s.
 ROUND_BYTES_PER_SECOND = {"cpu": 1.5e9, "gpu": 50e9}
+# Bytes on the wire per element of the model: fp32, and the codecs of compressed rounds
+# (``core.compress``: int8 keeps one fp32 scale per 2,048 elements) and of DDP's hooks (S-SGD).
+BYTES_PER_ELEMENT = {None: 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1 + 4 / 2048}
 # TCP/IP over Ethernet: 1448 bytes of payload in a 1514-byte frame (what tbf counts).
 EFFICIENCY = 1448 / 1514
 # The rule's own ceiling, without the accuracy study's cap: where the recommendation looks for the
@@ -90,15 +107,32 @@ class Setting:
     efficiency: float = EFFICIENCY
     burst_bytes: int = 0
     topology: str = "pernode"
+    element_bytes: float = 4.0  # on the wire, per element of the fp32 model (``BYTES_PER_ELEMENT``)
+    codec_seconds: float = 0.0  # encoding and decoding one round, on its communication path
 
     @property
     def bytes_per_second(self) -> float:
         return self.efficiency * self.bandwidth_bps / 8
 
+    @property
+    def wire_bytes(self) -> float:
+        """What one all-reduce of the model carries in this setting's codec."""
+        return self.model_bytes * self.element_bytes / 4
+
+
+def with_codec(s: Setting, codec: str | None, codec_seconds_per_element: float = 0.0) -> Setting:
+    """``s`` with the model's averages sent in ``codec`` (None: fp32), at that codec's cost."""
+    if codec not in BYTES_PER_ELEMENT:
+        accepted = ", ".join(str(c) for c in BYTES_PER_ELEMENT)
+        raise ValueError(f"codec {codec!r} is not modelled; accepted: {accepted}")
+    return replace(
+        s, element_bytes=BYTES_PER_ELEMENT[codec], codec_seconds=codec_seconds_per_element * s.model_bytes / 4
+    )
+
 
 def allreduce_seconds(s: Setting, nbytes: float | None = None) -> float:
-    """A ring all-reduce of `nbytes` (default: the model) on these links."""
-    nbytes = s.model_bytes if nbytes is None else nbytes
+    """A ring all-reduce of `nbytes` (default: the model, in the setting's codec) on these links."""
+    nbytes = s.wire_bytes if nbytes is None else nbytes
     n = s.workers
     if n < 2:
         return 0.0
@@ -125,7 +159,8 @@ def _compute(s: Setting, barrier_every: int) -> float:
 
 def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
     """The model's time per optimizer step of `method` ("bound" is compute only)."""
-    t_ar, t_0 = allreduce_seconds(s), allreduce_seconds(s, 0)
+    # A compressed round's codec runs on its communication path, as the strategy measures it.
+    t_ar, t_0 = allreduce_seconds(s) + s.codec_seconds, allreduce_seconds(s, 0)
     if method == BOUND:
         return s.step_seconds
     if method == "ssgd":
@@ -144,7 +179,9 @@ def auto_period(s: Setting, tau_min: int = 1, tau_max: int = SAFE_TAU_MAX) -> in
     measures these figures (the defaults are the strategy's)."""
     rule = AdaptivePeriod(tau_min, tau_max)
     for _ in range(rule.patience + 1):  # a shorter period is taken after `patience` rounds ask for it
-        tau = rule.update(allreduce_seconds(s) + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds)
+        tau = rule.update(
+            allreduce_seconds(s) + s.codec_seconds + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds
+        )
     return tau
 
 
@@ -162,27 +199,29 @@ def predict(
 # -- the command ---------------------------------------------------------------------------------
 
 
-def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, str]:
+def plan_table(
+    s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX, codecs: dict[str, float] | None = None
+) -> tuple[str, str]:
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
-    recommendation: the period that hides communication, and what tau="auto" does about it."""
+    recommendation: the period that hides communication, and what tau="auto" does about it.
+    ``codecs`` (name: the codec's seconds per element of a round) adds the periodic methods with
+    rounds in each codec, and a recommendation for each."""
+    codecs = codecs or {}
     ssgd = step_seconds(s, "ssgd")
     periods = [(name, tau if m.periodic else None) for name, m in METHODS.items()]
-    entries = [(BOUND, None), *periods, *((name, "auto") for name in ADAPTIVE)]
+    entries = [(BOUND, None, None), *((name, period, None) for name, period in periods)]
+    entries += [(name, "auto", None) for name in ADAPTIVE]
+    for codec in codecs:
+        entries += [(name, tau, codec) for name in PERIODIC] + [(name, "auto", codec) for name in ADAPTIVE]
     rows = []
-    for method, period in entries:
-        seconds, used = predict(s, method, period if period is not None else 1, tau_max)
+    for method, period, codec in entries:
+        setting = with_codec(s, codec, codecs[codec]) if codec else s
+        seconds, used = predict(setting, method, period if period is not None else 1, tau_max)
         bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
-        name = (BOUND_LABEL if method == BOUND else label(method, period)) + bounded
+        name = (BOUND_LABEL if method == BOUND else label(method, period)) + (f" {codec}" if codec else "") + bounded
         rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
     table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
-    best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
-    seconds = step_seconds(s, "cocod", best)
-    if best <= tau_max:
-        auto = f"tau=\"auto\" with tau_max {tau_max} settles there"
-    else:
-        auto = f"tau=\"auto\" stays at or below {tau_max} unless strategy.tau_max is raised to {best}"
-    if best > SAFE_TAU_MAX:
-        auto += f"; the README's accuracy section shows what periods above {SAFE_TAU_MAX} cost in accuracy"
+    best, seconds, auto = _hiding_period(s, tau_max)
     advice = (
         f"recommended: CoCoD-SGD tau={best} (the smallest period that hides the all-reduce): "
         f"{ssgd / seconds:.2f}x faster than S-SGD, {seconds / s.step_seconds:.2f}x of compute only; "
@@ -190,7 +229,60 @@ def plan_table(s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX) -> tuple[str, 
         f"{allreduce_seconds(s) / s.step_seconds:.2f} steps of compute. "
         f"A longer period saves little time and averages the models less often. {auto}"
     )
+    for codec, per_element in codecs.items():
+        setting = with_codec(s, codec, per_element)
+        best, seconds, auto = _hiding_period(setting, tau_max)
+        wire = allreduce_seconds(setting)
+        advice += (
+            f"\nwith {codec} rounds ({setting.element_bytes:g} bytes an element, against fp32's 4): CoCoD-SGD "
+            f"tau={best} hides the round: {ssgd / seconds:.2f}x faster than S-SGD, "
+            f"{seconds / s.step_seconds:.2f}x of compute only; the round takes {1e3 * wire:.1f} ms on the wire and "
+            f"{1e3 * setting.codec_seconds:.1f} ms in the codec "
+            f"({100 * setting.codec_seconds / (best * s.step_seconds):.1f}% of the period's compute). {auto}"
+        )
     return table, advice
+
+
+def _hiding_period(s: Setting, tau_max: int) -> tuple[int, float, str]:
+    """The smallest period that hides a round in this setting, its step time, and what
+    tau="auto" within ``tau_max`` does about it."""
+    best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
+    if best <= tau_max:
+        auto = f"tau=\"auto\" with tau_max {tau_max} settles there"
+    else:
+        auto = f"tau=\"auto\" stays at or below {tau_max} unless strategy.tau_max is raised to {best}"
+    if best > SAFE_TAU_MAX:
+        auto += f"; the README's accuracy section shows what periods above {SAFE_TAU_MAX} cost in accuracy"
+    return best, step_seconds(s, "cocod", best), auto
+
+
+def parse_codecs(text: str) -> list[str]:
+    """'bf16,int8' -> ["bf16", "int8"]: codecs of compressed rounds."""
+    codecs = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in codecs if c not in COMPRESSIONS]
+    if bad or not codecs:
+        raise ValueError(f"--compression {text!r} is not understood; accepted: {', '.join(COMPRESSIONS)}, comma-separated")
+    return list(dict.fromkeys(codecs))
+
+
+def parse_codec_costs(text: str) -> dict[str | None, float]:
+    """'40' -> {None: 40.0} (every codec); 'int8=40,bf16=20' -> one each; ns per element >= 0."""
+    costs: dict[str | None, float] = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        name, _, value = item.rpartition("=")
+        try:
+            cost = float(value)
+        except ValueError:
+            cost = -1.0
+        if (name and name not in COMPRESSIONS) or cost < 0 or not math.isfinite(cost):
+            raise ValueError(
+                f"--codec-ns {text!r} is not understood; accepted: ns per element >= 0, for every codec (e.g. 40) or "
+                f"per codec (e.g. int8=40,bf16=20; codecs: {', '.join(COMPRESSIONS)})"
+            )
+        costs[name or None] = cost
+    if not costs:
+        raise ValueError("--codec-ns is empty; accepted: e.g. 40 or int8=40,bf16=20")
+    return costs
 
 
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -244,11 +336,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--topology", default="pernode", choices=TOPOLOGIES,
         help="pernode: a link per node; loopback: every worker's traffic over one shared link",
     )
+    parser.add_argument(
+        "--compression", default=None, type=option_type(parse_codecs),
+        help=f"rows for rounds compressed in these codecs, e.g. {','.join(COMPRESSIONS)}",
+    )
+    parser.add_argument(
+        "--codec-ns", default=None, type=option_type(parse_codec_costs),
+        help="the codec's time a round, ns per element of the model (encode and decode): one figure for "
+        "every codec, or one each, e.g. int8=40,bf16=20 (default 0: not modelled)",
+    )
     args = parser.parse_args(argv)
     if args.tau_max is not None and args.tau_max < 1:
         parser.error(f"--tau-max must be at least 1 (the longest period of tau=\"auto\"), got {args.tau_max}")
     if args.validate:
+        if args.compression or args.codec_ns:
+            parser.error("--compression and --codec-ns are read from the benchmark with --validate: leave them out")
         return args
+    costs = args.codec_ns or {}
+    if args.codec_ns is not None and not args.compression:
+        parser.error("--codec-ns prices a codec's rounds: give --compression too, e.g. --compression int8")
+    unknown = sorted(set(costs) - set(args.compression or []) - {None})
+    if unknown:
+        parser.error(f"--codec-ns names {', '.join(unknown)}, not in --compression {','.join(args.compression)}")
+    # One figure for every codec, or one each (a codec not named costs nothing).
+    args.codecs = {c: costs.get(c, costs.get(None, 0.0)) * 1e-9 for c in args.compression or []}
     checks = [
         (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
         (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate (e.g. 10gbit), not none"),
@@ -288,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         f"S-SGD overlap {overlap:g} of a step, round's own work {1e3 * round_seconds:.2f} ms, "
         f"link efficiency {args.efficiency:.3f}, tau=\"auto\" within tau_max {tau_max}"
     )
+    if args.codecs:
+        print("compressed rounds: " + ", ".join(
+            f"{codec} ({BYTES_PER_ELEMENT[codec]:g} bytes an element, codec {1e9 * cost:g} ns an element a round)"
+            for codec, cost in args.codecs.items()
+        ))
     for workers in args.worker_counts:
         s = Setting(
             step_seconds=args.step_ms / 1e3, model_bytes=model_bytes, workers=workers,
@@ -295,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             round_seconds=round_seconds, overlap=overlap, jitter=args.jitter, efficiency=args.efficiency,
             topology=args.topology,
         )
-        table, advice = plan_table(s, args.tau, tau_max)
+        table, advice = plan_table(s, args.tau, tau_max, args.codecs)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")
     return 0
 
@@ -312,7 +428,8 @@ def calibrate(figures: dict[str, Any]) -> tuple[float, float, str]:
     for bps in filter(None, figures["args"]["rate_bps"]):
         for name, by_rate in figures["workers"][fewest]["methods"].items():
             measured = by_rate[str(bps)].get("comm_seconds_per_round")
-            if by_rate[str(bps)].get("method") != "local_sgd" or not measured:
+            # fp32 rounds only: a compressed one's time holds its codec's and fewer bytes.
+            if by_rate[str(bps)].get("method") != "local_sgd" or by_rate[str(bps)].get("compression") or not measured:
                 continue
             s = _setting(figures, int(fewest), bps, latency, efficiency=1.0)
             fixed = allreduce_seconds(s, 0)  # the latency part, which the efficiency does not scale
@@ -354,7 +471,9 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
     """The model's step time for every method, rate and worker count a cocod-bench run measured:
     from the median of the worker count's bound runs, and from the fastest and the slowest of
     them (how far the machine's own drift alone moves the prediction). tau="auto" is bounded
-    as the run was (``run_tau_max``; ``tau_max`` for runs that did not record it)."""
+    as the run was (``run_tau_max``; ``tau_max`` for runs that did not record it). A compressed
+    run is predicted in its codec's bytes, at the codec time per round the run itself measured;
+    DDP's PowerSGD hook is not modelled (its bytes follow the layers' shapes): its row says so."""
     latency, efficiency, how = calibrate(figures)
     rows = []
     for workers, by_workers in sorted(figures["workers"].items(), key=lambda kv: int(kv[0])):
@@ -364,20 +483,31 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
             s = _setting(figures, int(workers), bps, latency, efficiency)
             for name, by_rate in by_workers["methods"].items():
                 f = by_rate[str(bps)]
+                row = {
+                    "workers": int(workers), "rate_bps": bps, "method": name, "measured": f["step_seconds"],
+                    "measured_periods": f.get("taus"), "latency_seconds": latency, "efficiency": efficiency,
+                    "calibrated_on": how,
+                }
+                codec = f.get("compression") or f.get("comm_hook")
+                if codec not in BYTES_PER_ELEMENT:
+                    rows.append({**row, "predicted": None, "not_modelled": codec})
+                    continue
+                codec_seconds = f.get("codec_seconds_per_round") if f.get("compression") else None
+                run = with_codec(s, codec, (codec_seconds or 0.0) / (s.model_bytes / 4))
                 tau = f.get("tau") or 1
                 bounded = {"tau_max": run_tau_max(name, f, tau_max)} if tau == "auto" else {}
-                predicted, period = predict(s, f["method"], tau, **bounded)
+                predicted, period = predict(run, f["method"], tau, **bounded)
                 low, high = (
-                    predict(replace(s, step_seconds=t), f["method"], tau, **bounded)[0]
+                    predict(replace(run, step_seconds=t), f["method"], tau, **bounded)[0]
                     for t in (min(spread), max(spread))
                 )
                 rows.append({
-                    "workers": int(workers), "rate_bps": bps, "method": name, "measured": f["step_seconds"],
-                    "predicted": predicted, "predicted_range": [low, high], "error": predicted / f["step_seconds"] - 1,
-                    # The model's all-reduce, launch to completion, against the run's (median of rounds).
-                    "allreduce": [f.get("comm_seconds_per_round"), allreduce_seconds(s)],
-                    "period": period, "measured_periods": f.get("taus"),
-                    "latency_seconds": latency, "efficiency": efficiency, "calibrated_on": how,
+                    **row, "predicted": predicted, "predicted_range": [low, high],
+                    "error": predicted / f["step_seconds"] - 1, "period": period,
+                    # The model's round, launch to completion (codec included), against the run's (median).
+                    "allreduce": [f.get("comm_seconds_per_round"), allreduce_seconds(run) + run.codec_seconds],
+                    # What one rank sends a round: 2 (N-1) / N of the model in its codec, run against model.
+                    "bytes_sent": [f.get("bytes_sent_per_round"), 2 * (run.workers - 1) / run.workers * run.wire_bytes],
                 })
     return rows
 
@@ -385,33 +515,40 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
 def validation_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no shaped run to predict)"
+    modelled = [r for r in rows if r["predicted"] is not None]
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        head = [str(r["workers"]), format_rate(r["rate_bps"]), r["method"], f"{r['measured']:.3f}"]
+        if r["predicted"] is None:
+            return [*head, f"not modelled ({r['not_modelled']}: its bytes follow the layers' shapes)", *[""] * 5]
+        low, high = r["predicted_range"]
+        sent = r.get("bytes_sent") or [None, None]
+        return [
+            *head, f"{r['predicted']:.3f}", f"{100 * r['error']:+.0f}%",
+            f"{low:.3f}-{high:.3f}" + (" (holds it)" if low <= r["measured"] <= high else ""),
+            f"{r['period']} / {', '.join(map(str, r['measured_periods'] or []))}" if r["period"] else "",
+            "{:.3f} / {:.3f}".format(*r["allreduce"]) if r["allreduce"][0] else "",
+            f"{sent[0] / 1e6:.2f} / {sent[1] / 1e6:.2f}" if sent[0] else "",
+        ]
+
     table = markdown_table(
         [
             "workers", "link", "method", "measured s", "predicted s", "error", "predicted, bound's min-max",
-            "tau (model / run)", "all-reduce s (run / model)",
+            "tau (model / run)", "round s (run / model)", "MB sent/round (run / model)",
         ],
-        [
-            [
-                str(r["workers"]), format_rate(r["rate_bps"]), r["method"], f"{r['measured']:.3f}",
-                f"{r['predicted']:.3f}", f"{100 * r['error']:+.0f}%",
-                "{:.3f}-{:.3f}".format(*r["predicted_range"]) + (
-                    " (holds it)" if r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] else ""
-                ),
-                f"{r['period']} / {', '.join(map(str, r['measured_periods'] or []))}" if r["period"] else "",
-                "{:.3f} / {:.3f}".format(*r["allreduce"]) if r["allreduce"][0] else "",
-            ]
-            for r in rows
-        ],
+        [cells(r) for r in rows],
     )
-    errors = [abs(r["error"]) for r in rows]
+    if not modelled:
+        return f"{table}\n\nno run the model covers"
+    errors = [abs(r["error"]) for r in modelled]
     within = sum(e <= 0.15 for e in errors)
-    held = sum(r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] for r in rows)
+    held = sum(r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] for r in modelled)
     summary = (
         f"calibration: latency {1e6 * rows[0]['latency_seconds']:.0f} us (half the measured round trip), "
         f"link efficiency {rows[0]['efficiency']:.3f} ({rows[0]['calibrated_on']}), compute per step from "
-        f"each worker count's bound runs (median); {within} of {len(rows)} step times within 15%, {held} within "
-        f"the range the bound runs' spread gives; median error {100 * statistics.median(errors):.0f}%, "
-        f"largest {100 * max(errors):.0f}%"
+        f"each worker count's bound runs (median), a compressed round's codec time from its run; {within} of "
+        f"{len(modelled)} step times within 15%, {held} within the range the bound runs' spread gives; median "
+        f"error {100 * statistics.median(errors):.0f}%, largest {100 * max(errors):.0f}%"
     )
     return f"{table}\n\n{summary}"
 

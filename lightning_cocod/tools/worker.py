@@ -41,21 +41,37 @@ from lightning_cocod.trainer import build_trainer
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
-def make_strategy(method: str, tau: int | str, backend: str | None = None, tau_max: int | None = None) -> Any:
+def make_strategy(
+    method: str, tau: int | str, backend: str | None = None, tau_max: int | None = None,
+    compression: str | None = None, comm_hook: str | None = None, powersgd_rank: int | None = None,
+) -> Any:
     """The table entry's strategy class; "bound" is a single-process Trainer's own ("auto").
     ``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
     keeps CoCoDStrategy's default bound of tau="auto" (``SAFE_TAU_MAX``); CoCoDStrategy itself
-    refuses one with a fixed tau, the other strategies would drop it silently."""
+    refuses one with a fixed tau, the other strategies would drop it silently, as they would
+    ``compression`` (periodic methods' rounds) and ``comm_hook`` / ``powersgd_rank`` (S-SGD's
+    DDP hooks): each is refused here for a method that takes none."""
     if method == BOUND:
         return "auto"
     entry = methods.method(method)
     if tau_max is not None and not entry.adaptive:
         raise ValueError(f"tau_max={tau_max!r} bounds tau='auto' only; {method!r} takes none")
+    if compression is not None and not entry.periodic:
+        raise ValueError(f"compression={compression!r} compresses rounds of {', '.join(methods.PERIODIC)} only; "
+                         f"{method!r} has none (S-SGD: comm_hook)")
+    if (comm_hook is not None or powersgd_rank is not None) and method != "ssgd":
+        raise ValueError(f"comm_hook={comm_hook!r} is a DDP hook of ssgd only; {method!r} takes none")
     options: dict[str, Any] = {"process_group_backend": backend} if backend else {}
     if entry.periodic:
         options["tau"] = tau
     if tau_max is not None:
         options["tau_max"] = tau_max
+    if compression is not None:
+        options["compression"] = compression
+    if comm_hook is not None:
+        options["comm_hook"] = comm_hook
+    if powersgd_rank is not None:
+        options["powersgd_rank"] = powersgd_rank
     return getattr(lightning_cocod, entry.strategy_class)(**options)
 
 
@@ -169,7 +185,10 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     backend = where["record"]["backend"] if accelerator == "gpu" else None
     trainer = build_trainer(
         **where["trainer"],
-        strategy=make_strategy(method, spec.get("tau", 4), backend, spec.get("tau_max")),
+        strategy=make_strategy(
+            method, spec.get("tau", 4), backend, spec.get("tau_max"),
+            spec.get("compression"), spec.get("comm_hook"), spec.get("powersgd_rank"),
+        ),
         precision=spec.get("precision") or "32-true",
         max_steps=spec.get("steps") or -1,
         max_epochs=spec.get("epochs"),
@@ -194,7 +213,11 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
         "timeline": timeline.points,
         "test_acc": test_acc,
         "comm": stats.summary() if stats is not None else None,
-        "rounds": [[r.launch_step, r.finish_step, r.comm_seconds, r.exposed_seconds] for r in stats.rounds]
+        "rounds": [
+            [r.launch_step, r.finish_step, r.comm_seconds, r.exposed_seconds, r.bytes_sent, r.bytes_received,
+             r.codec_seconds]
+            for r in stats.rounds
+        ]
         if stats is not None
         else [],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
