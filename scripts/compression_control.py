@@ -1,0 +1,57 @@
+"""The compression study's control: CoCoD-SGD whose rounds send int8-encoded raw weights (against
+a zero reference) instead of the deltas from the last average. It shows what the delta buys; it is
+not a user option, so it lives here and not in the package.
+
+    cocod-train experiment=mnist1d strategy._target_=compression_control.CoCoDStrategy \
+        +strategy.compression=int8       (with this folder on PYTHONPATH)
+
+The class keeps the name CoCoDStrategy because the app tells a run's method by its strategy's class
+name (``methods.method_of_class``) and refuses names it does not know: the records then file it as
+CoCoD-SGD at its tau, which it is, and the study tells it apart by its ``_target_``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lightning_cocod
+from lightning_cocod.core.averaging import DEFAULT_PROGRESS
+from lightning_cocod.core.compress import CompressedMean
+from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
+
+
+class RawSnapshotRounds(CoCoDRounds):
+    """CoCoD's rounds through ``CompressedMean(delta=False)``."""
+
+    def start(self) -> None:
+        super().start()
+        if self.compressed is not None:  # None on one worker or without a codec: nothing to swap
+            self.compressed = CompressedMean(self.comm, self.codec, self.error_feedback, delta=False)
+
+
+class CoCoDStrategy(lightning_cocod.CoCoDStrategy):
+    """``lightning_cocod.CoCoDStrategy`` with ``RawSnapshotRounds``; a codec is required, since
+    without one there is nothing raw to send."""
+
+    def __init__(
+        self,
+        tau: int | str = 4,
+        tau_min: int | None = None,
+        tau_max: int | None = None,
+        progress: float = DEFAULT_PROGRESS,
+        compression: str | None = None,
+        error_feedback: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if compression is None:
+            raise ValueError(
+                "compression_control.CoCoDStrategy: compression=None is invalid; accepted: 'bf16' or 'int8' "
+                "(the control encodes raw weights)"
+            )
+        rounds = partial(
+            RawSnapshotRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
+            compression=compression, error_feedback=error_feedback,
+        )
+        # CoCoDMethod.__init__ only builds its rounds' factory: this one replaces it.
+        super(CoCoDMethod, self).__init__(rounds, **kwargs)
