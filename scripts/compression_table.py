@@ -110,9 +110,11 @@ def markdown(group: str | None, runs: list[tuple[Record, dict[str, Any]]], rows:
     lines = [
         f"# {group or 'compression study'}: {len(runs)} run(s)",
         "",
-        "Test accuracy (%): mean ± sample std over seeds (n runs), then each seed's. Against fp32 CoCoD: "
-        f"the difference of the means, within when at most {TOLERANCE_POINTS} points or fp32 CoCoD's std "
-        "over seeds, whichever is larger. Steady step: rank 0's mean after the warm-up.",
+        (
+            "Test accuracy (%): mean ± sample std over seeds (n runs), then each seed's. Against fp32 CoCoD: "
+            f"the difference of the means, within when at most {TOLERANCE_POINTS} points or fp32 CoCoD's std "
+            "over seeds, whichever is larger. Steady step: rank 0's mean after the warm-up."
+        ),
         "",
         "| method | tau | workers | seeds | test acc (%) | per seed | vs fp32 CoCoD (points) | steady step (s) |",
         "|---|---|---|---|---|---|---|---|",
