@@ -42,10 +42,11 @@ class RawSnapshotMean(CompressedMean):
 class RawSnapshotRounds(CoCoDRounds):
     """CoCoD's rounds through ``RawSnapshotMean``."""
 
-    def start(self) -> None:
-        super().start()
+    def build(self) -> None:
+        # Here and not after start(): build() hands ``round_comm`` to the round, which keeps it.
         if self.compressed is not None:  # None on one worker or without a codec: nothing to swap
             self.compressed = RawSnapshotMean(self.comm, self.codec, self.error_feedback)
+        super().build()
 
 
 class CoCoDStrategy(lightning_cocod.CoCoDStrategy):

@@ -27,6 +27,8 @@ def _started(strategy):
     comm = types.SimpleNamespace(rank=0, world_size=2, device=cpu)
     rounds.attach(torch.nn.Linear(3, 2), comm, rank=0, world_size=2, device=cpu)
     rounds.start()
+    # What the rounds send through: the round keeps the communicator it was built with.
+    assert rounds.round.comm is rounds.compressed
     return rounds.compressed
 
 
@@ -34,6 +36,7 @@ def test_the_control_sends_raw_snapshots_and_the_package_sends_deltas():
     import lightning_cocod
 
     control = _started(compression_control.CoCoDStrategy(tau=2, compression="int8"))
+    assert isinstance(control, compression_control.RawSnapshotMean)
     assert (control.delta, control.codec.name, control.error_feedback) == (False, "int8", True)
     assert _started(lightning_cocod.CoCoDStrategy(tau=2, compression="int8")).delta is True
     # The app tells the method by class name: the control must be filed as CoCoD-SGD.
