@@ -15,37 +15,20 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from torch import Tensor
 
 import lightning_cocod
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS
-from lightning_cocod.core.compress import CompressedMean
 from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
 
 
-class RawSnapshotMean(CompressedMean):
-    """``CompressedMean(delta=False)`` whose reference stays zero, so that every round encodes the
-    raw weights. The package's ``delta=False`` starts from a zero reference but, as the delta mode
-    does, adds each round's mean into it: from the second round on it sends deltas again, and a
-    study with it matched int8 with deltas to the last digit on all three seeds. This zeroes the
-    reference where the exchange thread is about to read it, so rounds never see a stale one."""
-
-    def __init__(self, comm: Any, codec: Any, error_feedback: bool = True) -> None:
-        super().__init__(comm, codec, error_feedback, delta=False)
-
-    def _exchange(self, buckets: list[Tensor], share: float) -> dict[str, float]:
-        for reference in self.reference or ():
-            reference.zero_()
-        return super()._exchange(buckets, share)
-
-
 class RawSnapshotRounds(CoCoDRounds):
-    """CoCoD's rounds through ``RawSnapshotMean``."""
+    """CoCoD's rounds through ``CompressedMean(delta=False)``: every round encodes the raw weights,
+    against a zero reference, instead of the deltas from the last average."""
 
     def build(self) -> None:
         # Here and not after start(): build() hands ``round_comm`` to the round, which keeps it.
-        if self.compressed is not None:  # None on one worker or without a codec: nothing to swap
-            self.compressed = RawSnapshotMean(self.comm, self.codec, self.error_feedback)
+        if self.compressed is not None:  # None on one worker or without a codec: nothing to change
+            self.compressed.delta = False
         super().build()
 
 
