@@ -15,7 +15,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-
 import lightning_cocod
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS
 from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
