@@ -3,7 +3,7 @@ a zero reference) instead of the deltas from the last average. It shows what the
 not a user option, so it lives here and not in the package.
 
     cocod-train experiment=mnist1d strategy._target_=compression_control.CoCoDStrategy \
-        +strategy.compression=int8       (with this folder on PYTHONPATH)
+        strategy.compression=int8       (with this folder on PYTHONPATH)
 
 The class keeps the name CoCoDStrategy because the app tells a run's method by its strategy's class
 name (``methods.method_of_class``) and refuses names it does not know: the records then file it as

@@ -9,7 +9,7 @@
 #     the last average (scripts/compression_control.py, not a user option);
 #   S-SGD with DDP's PowerSGD hook (rank 1, compressed from the second step), and plain S-SGD.
 # Then scripts/compression_table.py writes the table from the runs' records (cocod-report would
-# put fp32, bf16, int8 and the control in one row: a record does not name the codec).
+# put the control in int8's row: its record names the codec, not the control).
 #
 #   scripts/compression_study.sh [extra overrides...]   (OUT_ROOT=outputs, RUN_ID=<date>)
 #   WORKERS=4 SEEDS=0,1,2 TAUS=2 ...                       the defaults; TAUS=2,4 adds tau=4
@@ -30,11 +30,11 @@ train=("$PYTHON" -m lightning_cocod.app.train --multirun)
 common=(experiment=mnist1d out_root="$OUT_ROOT" group="$GROUP" launcher.devices="$WORKERS" seed="$SEEDS")
 started=$SECONDS
 run "${train[@]}" "${common[@]}" run_id="$RUN_ID-cocod" "$@" \
-  strategy=cocod tau="$TAUS" +strategy.compression=null,bf16,int8
+  strategy=cocod tau="$TAUS" strategy.compression=null,bf16,int8
 run "${train[@]}" "${common[@]}" run_id="$RUN_ID-control" "$@" \
-  strategy=cocod strategy._target_=compression_control.CoCoDStrategy tau="$TAUS" +strategy.compression=int8
+  strategy=cocod strategy._target_=compression_control.CoCoDStrategy tau="$TAUS" strategy.compression=int8
 run "${train[@]}" "${common[@]}" run_id="$RUN_ID-ssgd" "$@" \
-  strategy=ssgd +strategy.comm_hook=null,powersgd
+  strategy=ssgd strategy.comm_hook=null,powersgd
 run "$PYTHON" "$HERE/compression_table.py" "$OUT_ROOT/mnist1d" --group "$GROUP" \
   --out "$OUT_ROOT/mnist1d/$RUN_ID-compression.md"
 echo "compression study: $((SECONDS - started)) s of wall time"
