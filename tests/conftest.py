@@ -21,6 +21,12 @@ def pytest_configure(config):
     os.environ["TMPDIR"] = tempfile.tempdir = _SESSION_TMP
 
 
+def pytest_collection_modifyitems(config, items):
+    # The long tests first, so that under xdist (-n 2) they start while the short ones can still
+    # fill the other worker, instead of one of them running alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     global _SESSION_TMP
     if _SESSION_TMP is not None:
