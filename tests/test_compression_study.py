@@ -4,6 +4,7 @@ against fp32 CoCoD, and the whole recipe runs through the app in miniature."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import types
@@ -146,35 +147,32 @@ MINIATURE = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.timeout(900)
-def test_the_study_runs_every_row_through_the_app_and_tabulates_them(tmp_path):
-    env = {
-        **os.environ,
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        "OUT_ROOT": str(tmp_path / "out"),
-        "RUN_ID": "mini",
-        "WORKERS": "2",
-        "SEEDS": "0",
-        "PYTHON": sys.executable,
-        "PYTHONWARNINGS": "ignore",
-    }
+def test_every_sweep_of_the_study_passes_the_apps_checks(tmp_path):
+    """The script's commands (``DRY_RUN=1`` prints them) are sweeps the app accepts, with the rows
+    the table expects: each composed and checked as cocod-train does before its first job. (The
+    study itself, 18 runs in 21 minutes, is the script's to run: docs/accuracy/compression-study.md.)"""
+    from tests.helpers.app import preflight
+
+    env = {**os.environ, "DRY_RUN": "1", "RUN_ID": "mini", "OUT_ROOT": str(tmp_path / "out"), "WORKERS": "2", "SEEDS": "0"}
     done = subprocess.run(
         ["bash", str(SCRIPTS / "compression_study.sh"), *MINIATURE],
-        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=880, stdin=subprocess.DEVNULL,
+        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    table = (tmp_path / "out" / "mnist1d" / "mini-compression.md").read_text()
-    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "method" not in line]
-    assert [(r[0].strip(), r[1].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
-        ("CoCoD-SGD fp32", "2", "2", "0"),
-        ("CoCoD-SGD bf16 (error feedback)", "2", "2", "0"),
-        ("CoCoD-SGD int8 (error feedback)", "2", "2", "0"),
-        ("CoCoD-SGD int8, raw snapshots (error feedback): control", "2", "2", "0"),
-        ("S-SGD + DDP PowerSGD (rank 1)", "–", "2", "0"),
-        ("S-SGD", "–", "2", "0"),
-    ]
-    for row in rows:
-        assert 0 <= float(row[4].split()[0]) <= 100
-    assert "compression study:" in done.stdout and "s of wall time" in done.stdout
+    sweeps = [shlex.split(line) for line in done.stdout.splitlines() if "lightning_cocod.app.train" in line]
+    assert len(sweeps) == 3
+    seen = set()
+    for command in sweeps:
+        overrides = command[command.index("--multirun") + 1 :]
+        for cfg in preflight(["-m", *overrides]):
+            target = cfg.strategy._target_.rpartition(".")[2]
+            seen.add((cfg.strategy._target_, cfg.strategy.get("compression"), cfg.strategy.get("comm_hook")))
+            assert target in ("CoCoDStrategy", "SSGDStrategy") and cfg.launcher.devices == 2
+    assert seen == {
+        ("lightning_cocod.CoCoDStrategy", None, None),
+        ("lightning_cocod.CoCoDStrategy", "bf16", None),
+        ("lightning_cocod.CoCoDStrategy", "int8", None),
+        ("compression_control.CoCoDStrategy", "int8", None),
+        ("lightning_cocod.SSGDStrategy", None, None),
+        ("lightning_cocod.SSGDStrategy", None, "powersgd"),
+    }

@@ -16,9 +16,7 @@ from lightning_cocod.tools import bench, demo
 def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
-        # tau=2: a round ends with the epoch's 22nd step, so no compressed round is in flight when the
-        # epoch's evaluation averages the models (with one in flight the ranks hang today: the
-        # evaluation's all-reduce and the round's exchange thread share the rounds' gloo group).
+        # tau=2: rounds of every length the epoch allows (22 steps), and more of them to count.
         [sys.executable, "-m", "lightning_cocod.tools.demo", "--epochs", "1", "--methods", "ssgd,cocod,cocod:int8",
          "--tau", "2", "--width", "16", "--out", str(out)],
         capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
