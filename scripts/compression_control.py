@@ -12,12 +12,10 @@ CoCoD-SGD at its tau, which it is, and the study tells it apart by its ``_target
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import lightning_cocod
-from lightning_cocod.core.averaging import DEFAULT_PROGRESS
-from lightning_cocod.strategies.cocod import CoCoDMethod, CoCoDRounds
+from lightning_cocod.strategies.cocod import CoCoDRounds
 
 
 class RawSnapshotRounds(CoCoDRounds):
@@ -35,24 +33,12 @@ class CoCoDStrategy(lightning_cocod.CoCoDStrategy):
     """``lightning_cocod.CoCoDStrategy`` with ``RawSnapshotRounds``; a codec is required, since
     without one there is nothing raw to send."""
 
-    def __init__(
-        self,
-        tau: int | str = 4,
-        tau_min: int | None = None,
-        tau_max: int | None = None,
-        progress: float = DEFAULT_PROGRESS,
-        compression: str | None = None,
-        error_feedback: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    rounds_class = RawSnapshotRounds
+
+    def __init__(self, *args: Any, compression: str | None = None, **kwargs: Any) -> None:
         if compression is None:
             raise ValueError(
                 "compression_control.CoCoDStrategy: compression=None is invalid; accepted: 'bf16' or 'int8' "
                 "(the control encodes raw weights)"
             )
-        rounds = partial(
-            RawSnapshotRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
-            compression=compression, error_feedback=error_feedback,
-        )
-        # CoCoDMethod.__init__ only builds its rounds' factory: this one replaces it.
-        super(CoCoDMethod, self).__init__(rounds, **kwargs)
+        super().__init__(*args, compression=compression, **kwargs)

@@ -288,6 +288,7 @@ class CoCoDMethod(SyncStrategyBase):
     tau = of_rounds("tau")
     tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
     progress = of_rounds("progress")
+    rounds_class: type[CoCoDRounds] = CoCoDRounds  # a variant of the rounds (a study's control) sets its own
 
     def __init__(
         self,
@@ -300,7 +301,7 @@ class CoCoDMethod(SyncStrategyBase):
         **kwargs: Any,
     ) -> None:
         rounds = partial(
-            CoCoDRounds, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
+            self.rounds_class, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
             compression=compression, error_feedback=error_feedback,
         )
         super().__init__(rounds, **kwargs)
