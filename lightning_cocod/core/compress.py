@@ -94,19 +94,21 @@ class Int8Codec:
         out[4 * n_blocks :].view(torch.int8).copy_(codes.view(-1))
         return codes.mul_(scales[:, None]).view(-1)
 
-    def decode(self, payload: Tensor, numel: int) -> Tensor:
+    def _scales_and_codes(self, payload: Tensor, numel: int) -> tuple[Tensor, Tensor]:
+        """The payload's scales (one per block) and its codes as floats, one row per block: a float
+        copy, since addcmul_ with int8 codes promotes element by element (5x slower)."""
         n_blocks = numel // self.block
         scales = payload[: 4 * n_blocks].view(torch.float32)
-        codes = payload[4 * n_blocks :].view(torch.int8).float().view(n_blocks, self.block)
+        return scales, payload[4 * n_blocks :].view(torch.int8).float().view(n_blocks, self.block)
+
+    def decode(self, payload: Tensor, numel: int) -> Tensor:
+        scales, codes = self._scales_and_codes(payload, numel)
         return codes.mul_(scales[:, None]).view(-1)
 
     def decode_add(self, payload: Tensor, into: Tensor) -> None:
         """``into += decode(payload)``: one pass fewer than decoding first."""
-        n_blocks = into.numel() // self.block
-        scales = payload[: 4 * n_blocks].view(torch.float32)
-        # A float copy of the codes first: addcmul_ with int8 codes promotes element by element (5x slower).
-        codes = payload[4 * n_blocks :].view(torch.int8).float().view(n_blocks, self.block)
-        into.view(n_blocks, self.block).addcmul_(codes, scales[:, None])
+        scales, codes = self._scales_and_codes(payload, into.numel())
+        into.view(codes.shape).addcmul_(codes, scales[:, None])
 
 
 CODECS = {"bf16": Bf16Codec, "int8": Int8Codec}
