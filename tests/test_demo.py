@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from lightning_cocod.models import SmallCNN
 from lightning_cocod.tools import bench, demo
 
 
@@ -17,35 +18,37 @@ def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         # tau=2: rounds of every length the epoch allows (22 steps), and more of them to count.
-        [sys.executable, "-m", "lightning_cocod.tools.demo", "--epochs", "1", "--methods", "ssgd,cocod,cocod:int8",
+        [sys.executable, "-m", "lightning_cocod.tools.demo", "--epochs", "1", "--methods", "ssgd,cocod:int8",
          "--tau", "2", "--width", "16", "--out", str(out)],
         capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"^\| S-SGD +\|", proc.stdout, re.MULTILINE) and "| CoCoD-SGD tau=2 " in proc.stdout
+    assert re.search(r"^\| S-SGD +\|", proc.stdout, re.MULTILINE) and "| CoCoD-SGD tau=2 int8 " in proc.stdout
     assert "parameters" in proc.stdout and "link:" in proc.stdout  # model size and link are printed
     table = (out / "table.md").read_text().splitlines()
-    assert len(table) == 5 and table[0].startswith("| method") and "| MB sent/round" in table[0]
+    assert len(table) == 4 and table[0].startswith("| method") and "| MB sent/round" in table[0]
     assert (out / "accuracy_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = json.loads((out / "results.json").read_text())
-    for method in ("ssgd", "cocod", "cocod:int8"):
+    for method in ("ssgd", "cocod:int8"):
         ranks = results[method]
         assert len(ranks) == 2 and all(r["test_acc"] is not None for r in ranks)
         assert ranks[0]["timeline"], "accuracy against wall time was recorded"
-    assert results["cocod"][0]["comm"]["rounds"] >= 10  # 22 steps, tau=2
-    # What a rank sent per round, from the rounds the workers recorded: fp32 over a ring of 2 is
-    # 4 bytes an element; int8 is one byte an element and a 4-byte scale per 2,048, of this rank's
-    # chunk (padded to whole blocks) out in the all-to-all and the other's in the all-gather.
-    fp32_bytes = results["cocod"][0]["rounds"][-1][4]
-    chunk = math.ceil(fp32_bytes / 4 / 2 / 2048) * 2048
+    assert results["cocod:int8"][0]["comm"]["rounds"] >= 10  # 22 steps, tau=2
+    # What a rank sent per round, from the rounds the workers recorded. The model's floating-point
+    # tensors (parameters and BatchNorm statistics) travel: fp32 over a ring of 2 is 4 bytes an
+    # element (the first compressed round is exact fp32); int8 is one byte an element and a 4-byte
+    # scale per 2,048, of this rank's chunk (padded to whole blocks) out in the all-to-all and the
+    # other's in the all-gather.
+    net = SmallCNN(in_channels=1, num_classes=10, width=16)
+    elements = sum(t.numel() for t in [*net.parameters(), *net.buffers()] if t.is_floating_point())
+    fp32_bytes = 4 * elements
+    chunk = math.ceil(elements / 2 / 2048) * 2048
     int8_bytes = 2 * (chunk + 4 * chunk // 2048)
     int8_rounds = results["cocod:int8"][0]["rounds"]
-    assert [r[4] for r in int8_rounds[1:]] == [int8_bytes] * (len(int8_rounds) - 1)  # the first is exact fp32
-    assert int8_rounds[0][4] == fp32_bytes
+    assert [r[4] for r in int8_rounds] == [fp32_bytes] + [int8_bytes] * (len(int8_rounds) - 1)
     # The table's last two columns: MB sent per round, codec seconds per round (and their share).
     cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")[-3:-1]] for row in table[2:]}
     assert cells["S-SGD"] == ["n/a", "n/a"]
-    assert cells["CoCoD-SGD tau=2"] == [f"{fp32_bytes / 1e6:.3f}", "0.0000"]
     assert cells["CoCoD-SGD tau=2 int8"][0] == f"{int8_bytes / 1e6:.3f}"
     assert float(cells["CoCoD-SGD tau=2 int8"][1].split()[0]) > 0 and "%)" in cells["CoCoD-SGD tau=2 int8"][1]
 
