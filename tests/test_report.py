@@ -313,3 +313,9 @@ def test_compressed_rounds_and_ddp_hooks_get_rows_of_their_own_and_no_hook_is_a_
     table = report.markdown("g", runs, report.summarise(runs), [])
     assert table.splitlines()[4].endswith("| sent per round (MB) |")
     assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and line.endswith("| 2.5 |") for line in table.splitlines())
+    # With the codec's seconds recorded (in all, over the run's rounds): a column of its own, per round.
+    timed = [dict(int8, codec_seconds=0.6, rounds=20), dict(int8, id="g/int8-s1", seed=1, codec_seconds=1.0, rounds=20)]
+    lines = report.markdown("g", [SSGD_A0, *timed], report.summarise([SSGD_A0, *timed]), []).splitlines()
+    assert lines[4].endswith("| sent per round (MB) | codec per round (s) |")
+    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and line.endswith("| 0.0400 ± 0.0141 (n=2) |") for line in lines)
+    assert any(line.startswith("| S-SGD |") and line.endswith("| – | – |") for line in lines)

@@ -63,6 +63,11 @@ def _stats(name: str, values: list[float | None], scale: float = 1) -> Row:
     return {name: statistics.fmean(known) if known else None, f"{name}_std": std, f"{name}_n": len(known)}
 
 
+def _per_round(record: Record, key: str) -> float | None:
+    rounds = record.get("rounds")
+    return record[key] / rounds if rounds and record.get(key) is not None else None
+
+
 def summarise(runs: list[Record]) -> list[Row]:
     """One row per (condition, method and its merge variant, tau) over seeds, in the table's order:
     conditions apart; methods in the table of methods' order, the default merge first; tau: none,
@@ -102,6 +107,7 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("hidden", [m.get("hidden_fraction") for m in members]),
             **_stats("to_target", [m.get("time_to_target_seconds") for m in members]),
             **_stats("sent", [m.get("bytes_sent_per_round") for m in members], 1e-6),
+            **_stats("codec", [_per_round(m, "codec_seconds") for m in members]),
         }
         rows.append(row)
 
@@ -127,6 +133,7 @@ def _spread(row: Row, name: str, fmt: str) -> str:
 def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) -> str:
     target = next((r["target"] for r in rows if r["target"]), None)
     with_condition = any(r["condition"] for r in rows)
+    with_codec = any(r["codec"] for r in rows)
 
     def to_target(r: Row) -> str:
         if r["target"] is None:
@@ -147,6 +154,8 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "hidden share": lambda r: "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
         f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)": to_target,
         "sent per round (MB)": lambda r: "–" if r["sent"] is None else f"{r['sent']:.3g}",
+        # Compressed rounds' own cost: encoding and decoding, on the rank's cores or GPU.
+        **({"codec per round (s)": lambda r: _spread(r, "codec", ".4f")} if with_codec else {}),
     }
     lines = [
         f"# {group}: {len(runs)} run(s)",

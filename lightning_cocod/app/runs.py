@@ -16,7 +16,7 @@ from lightning_cocod.methods import METHODS
 
 Skipped = Callable[[Path, str], None]
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
-_NUMBERS += ("bytes_sent_per_round",)
+_NUMBERS += ("bytes_sent_per_round", "codec_seconds")
 # The fields the report and the speedup rule compute with, by what they hold (None: null or missing).
 _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("an integer", (int,), ("seed", "workers")),
@@ -24,6 +24,7 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("a name", (str, type(None)), ("group", "condition_id", "link", "compression", "comm_hook")),
     ("a mapping", (dict, type(None)), ("condition",)),
     ("a period", (int, type(None)), ("tau",)),  # or "auto", let through below
+    ("a count", (int, type(None)), ("rounds",)),
     ("a number", (int, float, type(None)), (*_NUMBERS, "target_accuracy", "speedup_vs_ssgd", "progress")),
 ]
 
