@@ -386,19 +386,35 @@ def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
         preflight(common)
 
 
+def test_a_hydra_launcher_plugin_is_refused_for_a_single_run_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"^hydra.launcher._target_=x.Joblib would not be used \(cocod-train"):
+        preflight(["experiment=smoke", f"out_root={tmp_path}", "hydra.launcher._target_=x.Joblib"])
+    assert preflight(["experiment=smoke", f"out_root={tmp_path}"])  # Hydra's basic launcher, the default
+
+
 @pytest.mark.timeout(120)
 def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
-    cases = {"trainer.foo=1": "unknown key 'trainer.foo'", "strategy.tau=0": "CoCoDStrategy: tau must be a positive"}
-    # Both at once: each pays the package import (Lightning) before it can check anything.
+    cases = {
+        ("trainer.foo=1",): "unknown key 'trainer.foo'",
+        ("strategy.tau=0",): "CoCoDStrategy: tau must be a positive",
+        # A Hydra launcher plugin (hydra-submitit-launcher's, say) would never see a job: a sweep
+        # meant for a cluster's queue would run here.
+        ("-m", "strategy=ssgd,cocod", "hydra.launcher._target_=hydra_plugins.x.SlurmLauncher"): (
+            "hydra.launcher._target_=hydra_plugins.x.SlurmLauncher would not be used (cocod-train runs "
+            "each job itself); accepted: Hydra's basic launcher; where the workers run is launcher=cpu|gpu|"
+        ),
+    }
+    # All at once: each pays the package import (Lightning) before it can check anything.
     procs = {
         override: subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "lightning_cocod.app.train",
+                *[a for a in override if a == "-m"],  # Hydra's flags before the overrides
                 "experiment=smoke",
                 f"out_root={tmp_path}/out",
-                override,
+                *[a for a in override if a != "-m"],
             ],
             cwd=tmp_path,
             stdout=subprocess.PIPE,

@@ -120,11 +120,24 @@ def _threads_before_torch(cfg: DictConfig) -> None:
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
+def _refuse_hydra_launchers(config: DictConfig) -> None:
+    """A Hydra launcher plugin (submitit, joblib, ...) would never be asked to run a job: the app
+    runs each job itself, so a sweep meant for a cluster's queue would run on this machine."""
+    target = OmegaConf.select(config, "hydra.launcher._target_") or ""
+    if target.endswith(".BasicLauncher"):
+        return
+    choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher")
+    given = f"hydra/launcher={choice}" if choice not in (None, "basic") else f"hydra.launcher._target_={target}"
+    accepted = "Hydra's basic launcher; where the workers run is launcher=cpu|gpu|torchrun|slurm"
+    raise ConfigError(f"{given} would not be used (cocod-train runs each job itself); accepted: {accepted}")
+
+
 def check_run(config: DictConfig) -> None:
     """A single run's checks, given its config with Hydra's node: the job's, then the files of
     the folder it will run in."""
     from lightning_cocod.app.files import check_run_folder, resume_checkpoint
 
+    _refuse_hydra_launchers(config)
     check_jobs([[]], [config])
     folder = Path(config.hydra.run.dir)
     resume_checkpoint(config, folder)
@@ -155,6 +168,7 @@ class Sweeper(HydraSweeper):
         from hydra.core.utils import configure_log, run_job
 
         _threads_before_torch(self.config)
+        _refuse_hydra_launchers(self.config)
         jobs = job_overrides(arguments)
         configs = []
         for overrides in jobs:
