@@ -86,6 +86,8 @@ class FabricRounds:
                 "optimizers": {k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)},
             }
             ranks = gather_to_rank_zero(mine, self.world_size)
+            if ranks:  # rank 0's own, not its copy: the file holds rank 0's optimizer tensors once
+                ranks[0] = mine
             state = {**state, STATE_KEY: {"world_size": self.world_size, "ranks": ranks}}
         super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
 
