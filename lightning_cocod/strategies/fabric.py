@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 from typing import Any, ClassVar
 
 import torch
+from torch.optim import Optimizer
 
 from lightning_cocod.loop import LOOPS
 from lightning_cocod.methods import METHODS
 from lightning_cocod.strategies.base import broadcast_from_rank_zero
+from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero
 from lightning_cocod.strategies.namespaces import register
 from lightning_cocod.strategies.reliability import parse_timeout
+
+log = logging.getLogger(__name__)
 
 # Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
 _PASSED_ON = (
@@ -49,6 +54,7 @@ class FabricRounds:
         self._backward_sync_control = _NothingToSkip()
         self._module: torch.nn.Module | None = None
         self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
+        self._loaded: dict[str, Any] | None = None  # this rank's loop state, from a fabric.load before set-up
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank_zero(module)  # no DistributedDataParallel wrapper
@@ -62,8 +68,68 @@ class FabricRounds:
             raise ValueError(f"{name} supports exactly one optimizer: a round counts the steps of one optimizer")
         if self._module is None:
             raise ValueError(f"{name}: set up the model before its optimizer, e.g. fabric.setup(model, optimizer)")
-        self.loop = self.loop_class(self._module, optimizer, timeout=self._timeout, **self._loop_options).__enter__()
+        loop = self.loop_class(self._module, optimizer, timeout=self._timeout, **self._loop_options)
+        if self._loaded is not None:
+            loop.load_state_dict(self._loaded)
+        self.loop = loop.__enter__()
         return optimizer
+
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
+    ) -> None:
+        if self.loop is not None:
+            # A synchronisation point, as the loop's state_dict() is: the weights saved are the
+            # run's, but each rank's optimizer state (momentum stays local) and its part of the
+            # rounds are its own, gathered into rank 0's file.
+            mine = {
+                "loop": self.loop.state_dict(),
+                "optimizers": {k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)},
+            }
+            ranks = gather_to_rank_zero(mine, self.world_size)
+            if ranks:  # rank 0's own, not its copy: the file holds rank 0's optimizer tensors once
+                ranks[0] = mine
+            state = {**state, STATE_KEY: {"world_size": self.world_size, "ranks": ranks}}
+        super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
+
+    def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None) -> Any:
+        if not isinstance(state, dict) or not state:  # the whole file, or a raw state dict: nothing of ours
+            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        # The round in flight started from the weights being replaced: the loop is left (a
+        # synchronisation point, before they are) and entered again from the loaded ones.
+        entered = self.loop is not None and bool(self.loop._hooks)
+        if entered:
+            self.loop.close()
+            self.loop.load_state_dict(self.loop.state_dict())  # what a file of no loop state leaves as it was
+        try:
+            remainder = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+            self._restore_own(path, state, remainder.pop(STATE_KEY, None))
+        finally:  # loaded or refused (alike on every rank), the loop runs on from the weights the model holds
+            if entered:
+                self.loop.__enter__()
+        return remainder
+
+    def _restore_own(self, path: Any, state: dict[str, Any], saved: dict[str, Any] | None) -> None:
+        """This rank's optimizer states and loop state, from what ``save_checkpoint`` gathered."""
+        if saved is None:
+            if self.global_rank == 0:
+                log.warning(
+                    f"{path} holds no rank's own state (a plain Fabric file): every rank takes rank 0's optimizer "
+                    "state, and the rounds start afresh from the loaded weights"
+                )
+            return
+        if saved["world_size"] != self.world_size:
+            raise ValueError(
+                f"{type(self).__name__}: {path} was saved by {saved['world_size']} ranks, this run has "
+                f"{self.world_size}: each rank's optimizer and round state is its own; resume on as many ranks"
+            )
+        mine = saved["ranks"][self.global_rank]
+        for key, obj in state.items():
+            if isinstance(obj, Optimizer) and key in mine["optimizers"]:
+                obj.load_state_dict(mine["optimizers"][key])
+        if self.loop is None:
+            self._loaded = mine["loop"]
+        else:
+            self.loop.load_state_dict(mine["loop"])
 
     def teardown(self) -> None:
         if self.loop is not None:
