@@ -63,6 +63,11 @@ class _RoundsLoop:
         options = {**self.rounds.options(), "weight": self.weight}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
+    @property
+    def entered(self) -> bool:
+        """Inside the ``with`` block (or between ``start()`` and ``close()``): its hooks run every step."""
+        return bool(self._hooks)
+
     stats = of_rounds("comm_stats")  # every finished round's figures: seconds, exposed seconds, bytes
     steps = of_rounds("steps")  # optimizer steps taken (restored by load_state_dict)
     weight = of_rounds("weight")  # this rank's share of every average (None: the plain mean)

@@ -96,7 +96,7 @@ class FabricRounds:
             return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
         # The round in flight started from the weights being replaced: the loop is left (a
         # synchronisation point, before they are) and entered again from the loaded ones.
-        entered = self.loop is not None and bool(self.loop._hooks)
+        entered = self.loop is not None and self.loop.entered
         if entered:
             self.loop.close()
             self.loop.load_state_dict(self.loop.state_dict())  # what a file of no loop state leaves as it was
