@@ -8,7 +8,8 @@ here on its own, as a reference independent of the strategies:
   ssgd        one model, the mean gradient of the N workers' batches every step
   local       every tau steps every worker takes the average of the live models
   cocod       at a round's start snap_i = x_i and avg = mean_j snap_j; after tau steps
-              x_i <- avg + progress (x_i - snap_i)        (progress 1: the paper's rule)
+              x_i <- avg + progress (x_i - snap_i)        (progress 1: the paper's rule);
+              momentum=1: each momentum buffer merged by the same rule, from its own snapshot
   correction  x_i <- x_i + alpha (avg - snap_i)            (keeps the mean; alpha 1 is cocod)
   pull        x_i <- (1 - a) x_i + a avg                  (Overlap Local SGD, Wang et al. 2020)
 
@@ -31,7 +32,7 @@ from lightning_cocod.models import MNIST1DCNN
 from lightning_cocod.models.schedule import lr_factor
 
 RULES = ("ssgd", "local", "cocod", "correction", "pull")
-DEFAULTS = {"cocod": {"progress": 1.0}, "correction": {"alpha": 0.5}, "pull": {"a": 0.6}}
+DEFAULTS = {"cocod": {"progress": 1.0, "momentum": 0.0}, "correction": {"alpha": 0.5}, "pull": {"a": 0.6}}
 
 
 def parse_rule(text: str) -> tuple[str, dict[str, float]]:
@@ -89,6 +90,12 @@ def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, 
             if rule in ("cocod", "correction", "pull") and step % tau == 0:
                 snaps = [[t.clone() for t in tensors] for tensors in live]
                 average = [torch.stack([s[k] for s in snaps]).mean(0) for k in range(len(snaps[0]))]
+                # SGD makes its momentum buffers at the first step: the first round has none to merge.
+                buffers = None
+                if params.get("momentum") and step > 0:
+                    buffers = [[o.state[p]["momentum_buffer"] for p in m.parameters()] for m, o in zip(models, opts)]
+                buffer_snaps = buffers and [[b.clone() for b in mine] for mine in buffers]
+                buffer_average = buffers and [torch.stack(k).mean(0) for k in zip(*buffer_snaps)]
             for worker, (model, opt) in enumerate(zip(models, opts)):
                 mine = index if rule == "ssgd" else index[worker * 32 : (worker + 1) * 32]
                 opt.zero_grad()
@@ -103,6 +110,8 @@ def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, 
                             x.copy_(a)
             elif step % tau == 0 and rule != "ssgd":
                 _merge(rule, params, live, snaps, average)
+                if buffers:
+                    _merge(rule, params, buffers, buffer_snaps, buffer_average)
     with torch.no_grad():
         evaluated = MNIST1DCNN()
         for p, *copies in zip(evaluated.parameters(), *(m.parameters() for m in models)):
