@@ -3,7 +3,6 @@ timer): each passes what it decides; the rest are the quiet defaults that all of
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 # The workers' output goes to files under the launchers, and each tool prints its own progress
@@ -17,9 +16,10 @@ QUIET = {
 }
 
 
-def build_trainer(namespace: str = "pytorch_lightning", **kwargs: Any) -> Any:
-    """``Trainer(**QUIET | kwargs)`` of ``namespace`` (``pytorch_lightning`` or ``lightning.pytorch``)."""
+def build_trainer(**kwargs: Any) -> Any:
+    """``pytorch_lightning.Trainer(**QUIET | kwargs)``."""
+    import pytorch_lightning as pl
+
     import lightning_cocod  # noqa: F401 - registers the strategy names before the Trainer resolves one
 
-    trainer_class = importlib.import_module(namespace).Trainer
-    return trainer_class(**{**QUIET, **kwargs})
+    return pl.Trainer(**{**QUIET, **kwargs})

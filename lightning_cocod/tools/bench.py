@@ -192,12 +192,6 @@ def periods_after(history: list[list[int]], warmup: int) -> list[int] | None:
     return before[-1:] + [tau for step, tau in history if step > warmup]
 
 
-def joint_timeline(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's own timeline: step k is done when every rank has finished it. The workers share
-    the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds."""
-    return {**results[0], "step_ends": [max(ends) for ends in zip(*(r["step_ends"] for r in results))]}
-
-
 def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
     """Figures of one run. Its step time is the pace at which all its workers complete steps: a
     run is done when its last worker is, and the cores of a shared machine differ in speed (up to
@@ -213,8 +207,11 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
     mean = statistics.fmean(durations) if durations else 0.0
     history = results[0].get("tau_history") or []
+    # The run's own timeline: step k is done when every rank has finished it. The workers share
+    # the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds.
+    joint = {**results[0], "step_ends": [max(ends) for ends in zip(*(r["step_ends"] for r in results))]}
     return {
-        "step_seconds": pace(joint_timeline(results)),
+        "step_seconds": pace(joint),
         "step_seconds_per_rank": [pace(r) for r in results],
         "exposed_seconds_per_step": (
             sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"]) if comm else None

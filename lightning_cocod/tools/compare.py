@@ -146,8 +146,8 @@ def round_figures(results: list[dict[str, Any]], from_step: int = 0) -> dict[str
 
 
 def run_method(
-    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, timeout_s: float = 1800,
-    suffix: str = "", topology: str = "loopback", latency: float | None = None,
+    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, suffix: str = "",
+    topology: str = "loopback", latency: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
@@ -162,7 +162,7 @@ def run_method(
     relay = ProgressRelay(run_dir / "progress.txt", title, every_s=5.0, show=show)
     spec = {**spec, "progress_path": str(relay.path), "title": title}
     results = launch_workers(
-        "lightning_cocod.tools.worker", workers, rate, [json.dumps(spec)], timeout_s=timeout_s,
+        "lightning_cocod.tools.worker", workers, rate, [json.dumps(spec)], timeout_s=1800,
         output_dir=run_dir, name_prefix="cocod-cmp", on_tick=relay.tick, topology=topology, latency=latency,
     )
     (run_dir / "results.json").write_text(json.dumps(results))

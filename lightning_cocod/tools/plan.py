@@ -174,10 +174,10 @@ def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
     raise ValueError(f"method {method!r} is not one of {BOUND}, {', '.join(METHODS)}")
 
 
-def auto_period(s: Setting, tau_min: int = 1, tau_max: int = SAFE_TAU_MAX) -> int:
-    """The period CoCoDStrategy(tau="auto", tau_min=tau_min, tau_max=tau_max) settles on when it
-    measures these figures (the defaults are the strategy's)."""
-    rule = AdaptivePeriod(tau_min, tau_max)
+def auto_period(s: Setting, tau_max: int = SAFE_TAU_MAX) -> int:
+    """The period CoCoDStrategy(tau="auto", tau_max=tau_max) settles on when it measures these
+    figures (the default is the strategy's)."""
+    rule = AdaptivePeriod(tau_max=tau_max)
     for _ in range(rule.patience + 1):  # a shorter period is taken after `patience` rounds ask for it
         tau = rule.update(
             allreduce_seconds(s) + s.codec_seconds + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds

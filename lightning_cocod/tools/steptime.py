@@ -37,8 +37,6 @@ from lightning_cocod.models import MODEL_NAMES, build_model
 from lightning_cocod.tools import worker
 from lightning_cocod.tools.compare import BOUND, require_at_least
 
-PRECISIONS = ("32-true", "bf16-mixed")
-
 
 def device_for(accelerator: str, index: int = 0) -> torch.device:
     worker.check_accelerator(accelerator, torch.cuda.device_count() if accelerator == "gpu" else 0)
@@ -188,7 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60, help="timed steps")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
-    parser.add_argument("--precision", default="32-true", choices=PRECISIONS)
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument(
         "--sync-report", action="store_true", help="count host syncs in the product's warm-up (CUDA)"

@@ -61,18 +61,11 @@ def make_strategy(
                          f"{method!r} has none (S-SGD: comm_hook)")
     if (comm_hook is not None or powersgd_rank is not None) and method != "ssgd":
         raise ValueError(f"comm_hook={comm_hook!r} is a DDP hook of ssgd only; {method!r} takes none")
-    options: dict[str, Any] = {"process_group_backend": backend} if backend else {}
-    if entry.periodic:
-        options["tau"] = tau
-    if tau_max is not None:
-        options["tau_max"] = tau_max
-    if compression is not None:
-        options["compression"] = compression
-    if comm_hook is not None:
-        options["comm_hook"] = comm_hook
-    if powersgd_rank is not None:
-        options["powersgd_rank"] = powersgd_rank
-    return getattr(lightning_cocod, entry.strategy_class)(**options)
+    options = {
+        "process_group_backend": backend, "tau": tau if entry.periodic else None, "tau_max": tau_max,
+        "compression": compression, "comm_hook": comm_hook, "powersgd_rank": powersgd_rank,
+    }
+    return getattr(lightning_cocod, entry.strategy_class)(**{k: v for k, v in options.items() if v is not None})
 
 
 def check_accelerator(accelerator: str, gpus: int) -> None:
@@ -216,10 +209,8 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
         "rounds": [
             [r.launch_step, r.finish_step, r.comm_seconds, r.exposed_seconds, r.bytes_sent, r.bytes_received,
              r.codec_seconds]
-            for r in stats.rounds
-        ]
-        if stats is not None
-        else [],
+            for r in (stats.rounds if stats is not None else [])
+        ],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "model_bytes": model_bytes,
         "buffer_bytes": buffer_bytes,  # most flat-buffer memory the strategy held at once
@@ -229,10 +220,5 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    write_result(run(json.loads(argv[0])))
-
-
 if __name__ == "__main__":
-    main()
+    write_result(run(json.loads(sys.argv[1])))
