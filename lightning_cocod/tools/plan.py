@@ -199,17 +199,14 @@ def predict(
 # -- the command ---------------------------------------------------------------------------------
 
 
-def plan_table(
-    s: Setting, tau: int, tau_max: int = SAFE_TAU_MAX, codecs: dict[str, float] | None = None
-) -> tuple[str, str]:
+def plan_table(s: Setting, tau: int, tau_max: int, codecs: dict[str, float]) -> tuple[str, str]:
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
     recommendation: the period that hides communication, and what tau="auto" does about it.
     ``codecs`` (name: the codec's seconds per element of a round) adds the periodic methods with
     rounds in each codec, and a recommendation for each."""
-    codecs = codecs or {}
     ssgd = step_seconds(s, "ssgd")
-    periods = [(name, tau if m.periodic else None) for name, m in METHODS.items()]
-    entries = [(BOUND, None, None), *((name, period, None) for name, period in periods)]
+    entries = [(BOUND, None, None)]
+    entries += [(name, tau if m.periodic else None, None) for name, m in METHODS.items()]
     entries += [(name, "auto", None) for name in ADAPTIVE]
     for codec in codecs:
         entries += [(name, tau, codec) for name in PERIODIC] + [(name, "auto", codec) for name in ADAPTIVE]

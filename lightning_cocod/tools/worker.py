@@ -65,7 +65,8 @@ def make_strategy(
         "process_group_backend": backend, "tau": tau if entry.periodic else None, "tau_max": tau_max,
         "compression": compression, "comm_hook": comm_hook, "powersgd_rank": powersgd_rank,
     }
-    return getattr(lightning_cocod, entry.strategy_class)(**{k: v for k, v in options.items() if v is not None})
+    strategy_class = getattr(lightning_cocod, entry.strategy_class)
+    return strategy_class(**{key: value for key, value in options.items() if value is not None})
 
 
 def check_accelerator(accelerator: str, gpus: int) -> None:
@@ -92,25 +93,21 @@ def placement(
     check_accelerator(accelerator, gpus)
     distributed = method != BOUND and world_size > 1
     shared = one_device or accelerator == "cpu" or gpus < world_size
-    if accelerator == "cpu":
-        devices = ["cpu"]
-    else:
-        devices = ["cuda:0"] if shared else [f"cuda:{r}" for r in range(world_size)]
+    gpu_devices = ["cuda:0"] if shared else [f"cuda:{r}" for r in range(world_size)]
     record = {
         "accelerator": accelerator,
-        "devices": devices,
+        "devices": ["cpu"] if accelerator == "cpu" else gpu_devices,
         "backend": ("gloo" if shared else "nccl") if distributed else None,
         "ranks_per_device": world_size if distributed and shared else 1,
     }
+    nodes = distributed and (one_device or (shared and accelerator == "gpu"))
     if not distributed:  # the bound: this rank alone, on the device it would train on
-        alone = [0 if shared else rank] if accelerator == "gpu" else 1
-        trainer = {"accelerator": accelerator, "devices": alone, "num_nodes": 1}
-        return {"trainer": trainer, "env": {}, "record": record}
-    if one_device or (shared and accelerator == "gpu"):
-        trainer = {"accelerator": accelerator, "devices": 1, "num_nodes": world_size}
-        return {"trainer": trainer, "env": {"LOCAL_RANK": "0", "NODE_RANK": str(rank)}, "record": record}
-    trainer = {"accelerator": accelerator, "devices": world_size, "num_nodes": 1}
-    return {"trainer": trainer, "env": {}, "record": record}
+        devices = [0 if shared else rank] if accelerator == "gpu" else 1
+    else:
+        devices = 1 if nodes else world_size
+    trainer = {"accelerator": accelerator, "devices": devices, "num_nodes": world_size if nodes else 1}
+    env = {"LOCAL_RANK": "0", "NODE_RANK": str(rank)} if nodes else {}
+    return {"trainer": trainer, "env": env, "record": record}
 
 
 def describe_placement(record: dict) -> str:
