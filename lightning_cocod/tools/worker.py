@@ -162,10 +162,8 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     if spec.get("progress_path") and rank == 0:
         # The launcher's rank, not the trainer's: in the bound every worker is a rank 0 of its own.
         callbacks.append(ProgressLine(spec["title"], every_s=1.0, path=spec["progress_path"]))
-    if spec.get("slowdown") and method != BOUND:
-        callbacks.append(SimulatedSlowdown(spec["slowdown"]))
-    elif spec.get("slowdown"):  # the bound of a heterogeneous run: each worker alone, at its own speed
-        callbacks.append(SimulatedSlowdown([spec["slowdown"][rank]]))
+    if spec.get("slowdown"):  # the bound of a heterogeneous run: each worker alone, at its own speed
+        callbacks.append(SimulatedSlowdown([spec["slowdown"][rank]] if method == BOUND else spec["slowdown"]))
     sampling = None
     if spec.get("proportional") and method != BOUND:
         sampling = ProportionalSampling(global_batch_size=spec["batch_size"] * world_size)
@@ -187,12 +185,8 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     )
     trainer.fit(model, datamodule=data)
     train_seconds = timer.elapsed  # before testing adds to the clock
-    test_acc = None
-    if evaluate:
-        test_acc = float(trainer.test(model, datamodule=data, verbose=False)[0]["test/acc"])
+    test_acc = float(trainer.test(model, datamodule=data, verbose=False)[0]["test/acc"]) if evaluate else None
     stats = getattr(trainer.strategy, "comm_stats", None)
-    buffer_bytes = getattr(trainer.strategy, "peak_buffer_bytes", 0)
-    model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     return {
         "method": method,
         "rank": rank,
@@ -209,8 +203,9 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
             for r in (stats.rounds if stats is not None else [])
         ],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "model_bytes": model_bytes,
-        "buffer_bytes": buffer_bytes,  # most flat-buffer memory the strategy held at once
+        "model_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
+        # The most flat-buffer memory the strategy held at once.
+        "buffer_bytes": getattr(trainer.strategy, "peak_buffer_bytes", 0),
         "tau_history": getattr(trainer.strategy, "tau_history", None),
         "placement": where["record"],
         "batch_split_history": sampling.history if sampling is not None else None,
