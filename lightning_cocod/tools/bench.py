@@ -183,7 +183,7 @@ def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
     return steady_step_seconds(result["step_ends"][: ends[-1]], ends[0], period=ends[-1] - ends[0])
 
 
-def periods_after(history: list[list[int]], warmup: int) -> list[int] | None:
+def periods_after(history: list[list[int]] | None, warmup: int) -> list[int] | None:
     """The periods in force after the warm-up, in order (tau="auto" chooses its own): the one
     set last before the warm-up ended, then every later change."""
     if not history:
@@ -206,7 +206,6 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     comm = [r["comm"] for r in results if r.get("comm")]
     durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
     mean = statistics.fmean(durations) if durations else 0.0
-    history = results[0].get("tau_history") or []
     # The run's own timeline: step k is done when every rank has finished it. The workers share
     # the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds.
     joint = {**results[0], "step_ends": [max(ends) for ends in zip(*(r["step_ends"] for r in results))]}
@@ -226,7 +225,7 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
         "step_cv": statistics.pstdev(durations) / mean if len(durations) > 1 and mean > 0 else None,
         # Each round of the model launched after the warm-up, over every rank.
         **round_figures(results, warmup),
-        "taus": periods_after(history, warmup),
+        "taus": periods_after(results[0].get("tau_history"), warmup),
     }
 
 
