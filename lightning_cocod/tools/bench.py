@@ -59,6 +59,7 @@ from lightning_cocod.tools.compare import (
     plot_file,
     read_rate,
     require_at_least,
+    round_cells,
     round_figures,
     run_method,
 )
@@ -344,16 +345,6 @@ def ratio(figure: dict[str, Any], key: str) -> str:
     return f"{value:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else "")
 
 
-def round_columns(f: dict[str, Any]) -> list[str]:
-    """What one rank sent per round, and the codec's time per round with its share of the
-    round's compute for a compressed run; n/a for DDP, whose buckets the strategy does not see."""
-    sent, codec = f.get("bytes_sent_per_round"), f.get("codec_seconds_per_round")
-    if sent is None:
-        return ["n/a", "n/a"]
-    share = f" ({100 * f['codec_share']:.1f}%)" if f.get("codec_share") is not None else ""
-    return [f"{sent / 1e6:.2f}", f"{codec:.3f}{share}" if codec is not None else "n/a"]
-
-
 def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     """Every run's figures; a workers column when there are several counts."""
     several = len(args.worker_counts) > 1
@@ -372,7 +363,7 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                     f"{exposed:.3f}" if exposed is not None else "n/a",
                     f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
                     f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
-                    f"{f['buffer_copies']:.1f}", *round_columns(f),
+                    f"{f['buffer_copies']:.1f}", *round_cells(f, f.get("codec_share"), digits=2),
                 ])
     headers = [
         *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",

@@ -1,6 +1,6 @@
 """What the measurement tools share: the bound's name, the options they read alike (link rates as
-people write them, worker counts, least values), one method's workers run with a progress line,
-and the plot files.
+people write them, worker counts, least values), the per-round figures and their table cells,
+one method's workers run with a progress line, and the plot files.
 
 Imports no torch and no Lightning (``cocod-plan`` reads its options here); matplotlib only to plot.
 """
@@ -90,10 +90,9 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     spec: dict[str, Any] = {"method": name, "tau": default_tau, "proportional": False}
     for option in options:
         powersgd = _POWERSGD.fullmatch(option)
-        if "compression" in spec or "comm_hook" in spec:
-            codec = spec.get("compression") or spec["comm_hook"]
-            if option in COMPRESSIONS or option in COMM_HOOKS or powersgd:
-                raise ValueError(f"method {token!r} names two codecs, {codec!r} and {option!r}: give one")
+        codec = spec.get("compression") or spec.get("comm_hook")
+        if codec and (option in COMPRESSIONS or option in COMM_HOOKS or powersgd):
+            raise ValueError(f"method {token!r} names two codecs, {codec!r} and {option!r}: give one")
         if option == "ps" and name in methods.PERIODIC:
             spec["proportional"] = True
         elif option == "auto" and name in methods.ADAPTIVE:
@@ -143,6 +142,17 @@ def round_figures(results: list[dict[str, Any]], from_step: int = 0) -> dict[str
         values = [r[index] for r in rounds if len(r) > index]
         figures[f"{key}_per_round"] = statistics.median(values) if values else None
     return figures
+
+
+def round_cells(figures: dict[str, Any], share: float | None, digits: int) -> list[str]:
+    """A table's "MB sent/round" and "codec s/round" cells from ``round_figures``: what one rank
+    sent per round, and the codec's seconds per round with ``share``, its part of the round's
+    compute, when known; n/a for DDP, whose buckets the strategy does not see."""
+    sent, codec = figures.get("bytes_sent_per_round"), figures.get("codec_seconds_per_round")
+    if sent is None:
+        return ["n/a", "n/a"]
+    share_text = f" ({100 * share:.1f}%)" if share is not None else ""
+    return [f"{sent / 1e6:.{digits}f}", f"{codec:.{digits + 1}f}{share_text}" if codec is not None else "n/a"]
 
 
 def run_method(

@@ -28,6 +28,7 @@ from lightning_cocod.tools.compare import (
     plot_file,
     read_rate,
     require_at_least,
+    round_cells,
     round_figures,
     run_method,
 )
@@ -85,16 +86,13 @@ def hidden_share(results: list[dict[str, Any]]) -> str:
 
 
 def round_columns(ranks: list[dict[str, Any]]) -> list[str]:
-    """Bytes one rank sent per round, and the codec's seconds per round with their share of the
-    round's steps as the run took them (communication waits included); n/a for DDP."""
+    """The run's ``round_cells``, the codec's share taken of the round's steps as the run took
+    them (communication waits included)."""
     figures = round_figures(ranks)
-    sent, codec = figures["bytes_sent_per_round"], figures["codec_seconds_per_round"]
-    if sent is None:
-        return ["n/a", "n/a"]
     steps = len(ranks[0]["step_ends"])
     round_seconds = ranks[0]["tau"] * ranks[0]["train_seconds"] / steps if steps else 0.0
-    share = f" ({100 * codec / round_seconds:.1f}%)" if codec and round_seconds > 0 else ""
-    return [f"{sent / 1e6:.3f}", f"{codec:.4f}{share}"]
+    codec = figures["codec_seconds_per_round"]
+    return round_cells(figures, codec / round_seconds if codec and round_seconds > 0 else None, digits=3)
 
 
 def main(argv: list[str] | None = None) -> int:
