@@ -196,9 +196,6 @@ def predict(
     return step_seconds(s, method), None
 
 
-# -- the command ---------------------------------------------------------------------------------
-
-
 def plan_table(s: Setting, tau: int, tau_max: int, codecs: dict[str, float]) -> tuple[str, str]:
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
     recommendation: the period that hides communication, and what tau="auto" does about it.
@@ -411,9 +408,6 @@ def main(argv: list[str] | None = None) -> int:
         table, advice = plan_table(s, args.tau, tau_max, args.codecs)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")
     return 0
-
-
-# -- against a benchmark -------------------------------------------------------------------------
 
 
 def calibrate(figures: dict[str, Any]) -> tuple[float, float, str]:

@@ -139,9 +139,7 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
     spec = json.loads(spec_json)
     rank, world_size = rank_and_world_size()
     gpus = torch.cuda.device_count() if spec["accelerator"] == "gpu" else 0
-    record = worker.placement(
-        spec["accelerator"], "allreduce", world_size, rank, gpus, spec.get("one_device", False)
-    )["record"]
+    record = worker.placement(spec["accelerator"], "allreduce", world_size, rank, gpus)["record"]
     device = device_for(spec["accelerator"], 0 if record["ranks_per_device"] > 1 else rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -164,8 +162,8 @@ def allreduce_worker(spec_json: str) -> dict[str, Any]:
     return {"rank": rank, "seconds": times, "placement": record, "bytes": numel * 4}
 
 
-def allreduce_seconds(model: str, workers: int, accelerator: str, repeats: int = 10) -> dict[str, Any]:
-    spec = {"model": model, "accelerator": accelerator, "warmup": 3, "repeats": repeats}
+def allreduce_seconds(model: str, workers: int, accelerator: str) -> dict[str, Any]:
+    spec = {"model": model, "accelerator": accelerator, "warmup": 3, "repeats": 10}
     # By name: run as ``python -m``, this module is __main__, which a worker cannot import.
     target = "lightning_cocod.tools.steptime:allreduce_worker"
     results = launch_workers(target, workers, None, [json.dumps(spec)], timeout_s=300)
