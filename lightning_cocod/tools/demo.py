@@ -58,13 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
     args = parser.parse_args(argv)
     require_at_least(parser, args, workers=2, epochs=1, tau=1, batch_size=1, width=1)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not args.methods:
-        parser.error(f"--methods (empty) not understood; accepted: {', '.join(METHODS)}")
     try:
-        args.specs = {m: parse_method(m, args.tau) for m in args.methods}
+        tokens = [m.strip() for m in args.methods.split(",") if m.strip()]
+        args.specs = {m: parse_method(m, args.tau) for m in tokens}
     except ValueError as err:
         parser.error(f"--methods: {err}")
+    if not args.specs:
+        parser.error(f"--methods (empty) not understood; accepted: {', '.join(METHODS)}")
     if any(spec["tau"] == "auto" or spec["proportional"] for spec in args.specs.values()):
         parser.error("--methods: the demo runs fixed periods without proportional sampling; use cocod-bench for auto, ps")
     args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
@@ -77,9 +77,8 @@ def wall_seconds(result: dict[str, Any]) -> float:
 
 
 def hidden_share(results: list[dict[str, Any]]) -> str:
+    # None from Lightning's DDP, which does not expose its bucket timings: n/a.
     comms = [r["comm"] for r in results if r.get("comm")]
-    if not comms:
-        return "n/a"  # Lightning's DDP does not expose its bucket timings
     total = sum(c["comm_seconds"] for c in comms)
     exposed = sum(c["exposed_seconds"] for c in comms)
     return f"{100 * max(0.0, 1 - exposed / total):.0f}%" if total > 0 else "n/a"
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size, "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True,
         "tau": args.tau,
     }
-    results = {m: run_method({**spec, **args.specs[m]}, args.workers, args.rate, out) for m in args.methods}
+    results = {m: run_method({**spec, **args.specs[m]}, args.workers, args.rate, out) for m in args.specs}
     base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
     rows = [
         [
