@@ -137,7 +137,9 @@ def test_console_lines_say_the_speedup_and_where_it_comes_from(tmp_path):
     assert unknown.endswith(
         "speedup vs S-SGD unknown (no S-SGD run in group g with this condition (link 100mbit) and seed 0 yet)"
     )
-    hydra_cfg = SimpleNamespace(overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]))
+    hydra_cfg = SimpleNamespace(
+        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]), runtime=SimpleNamespace(choices={})
+    )
     job = tmp_path / "out" / "smoke" / "r1"
     assert _preempted_line("x", RuntimeError("stop"), _resume_hint(job, hydra_cfg, False)).startswith(
         "x: preempted (stop); no checkpoint"
@@ -247,7 +249,9 @@ def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_pa
 def test_a_run_stopped_by_a_signal_before_its_workers_could_stop_together_says_so(tmp_path):
     from lightning_cocod.launch.netns import Terminated
 
-    hydra_cfg = SimpleNamespace(overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1"]))
+    hydra_cfg = SimpleNamespace(
+        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1"]), runtime=SimpleNamespace(choices={})
+    )
     job = tmp_path / "out" / "smoke" / "r1"
     assert _stopped_line("x", Terminated(143), _resume_hint(job, hydra_cfg, False)) == (
         "cocod-train: x: stopped by SIGTERM before its workers could stop together; no checkpoint was "

@@ -28,6 +28,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lightning_cocod._errors import first_line
+from lightning_cocod._files import unwritable
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
@@ -201,8 +202,6 @@ def method_of(strategy: DictConfig) -> str:
 
 def check(cfg: DictConfig) -> None:
     """Every check of a composed job config (without its ``hydra`` node); ConfigError on the first."""
-    from lightning_cocod.app.files import check_out_root
-
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
@@ -233,12 +232,22 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
     _check_launcher(cfg)
     _check_world(cfg, method)
-    check_out_root(cfg.out_root)
+    _check_out_root(cfg.out_root)
     _check_objects(cfg)
 
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # bool is an int to Python
+
+
+def _check_out_root(out_root: Any) -> None:
+    """``out_root`` can be made and written: its nearest existing folder is probed."""
+    existing = Path(out_root).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    problem = f"{existing} is a file" if not existing.is_dir() else unwritable(existing)
+    if not out_root or problem:
+        raise bad("out_root", out_root, f"a folder this user can write ({problem or 'the path of one'})")
 
 
 def _check_launcher(cfg: DictConfig) -> None:

@@ -23,7 +23,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -170,18 +169,6 @@ def newest_checkpoint(job_dir: Path) -> Path | None:
 
     found = [(progress(p), p) for p in (job_dir / "checkpoints").glob("last*.ckpt")]
     return max(found, key=lambda pair: pair[0])[1] if found else None
-
-
-def check_out_root(out_root: Any) -> None:
-    """``out_root`` can be made and written: its nearest existing folder is probed."""
-    from lightning_cocod._files import unwritable
-
-    existing = Path(out_root).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    problem = f"{existing} is a file" if not existing.is_dir() else unwritable(existing)
-    if not out_root or problem:
-        raise bad("out_root", out_root, f"a folder this user can write ({problem or 'the path of one'})")
 
 
 def check_run_folder(cfg: DictConfig, folder: Path) -> None:

@@ -194,8 +194,7 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
     named = multirun or any(o.startswith("hydra.run.dir=") for o in task)
     where = [f"hydra.run.dir={job_dir}"] if named else [f"run_id={job_dir.name}"]
     overrides = [*keep, *where, "checkpoint.resume=last"]
-    choices = getattr(getattr(hydra_cfg, "runtime", None), "choices", None) or {}
-    if choices.get("launcher") in ("torchrun", "slurm"):
+    if hydra_cfg.runtime.choices.get("launcher") in ("torchrun", "slurm"):
         how = "launch it again as before (torchrun / sbatch), with the overrides"
         return f"checkpoint {saved}; to resume, {how}: {shlex.join(overrides)}"
     return f"checkpoint {saved}; resume with: {shlex.join(['cocod-train', *overrides])}"
