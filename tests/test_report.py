@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from lightning_cocod.app import report
-from lightning_cocod.app.runs import baseline, load_runs, speedup
+from lightning_cocod.app.runs import load_runs
+from lightning_cocod.app.speedup import baseline, speedup
 
 matplotlib.use("Agg")
 # Two conditions of one group: the same model and data over an unshaped link and over 100 Mbit/s.

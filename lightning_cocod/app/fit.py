@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import condition, condition_id, measured, world_size
-from lightning_cocod.app.runs import load_runs, speedup, write_finished
+from lightning_cocod.app.runs import load_runs, write_finished
+from lightning_cocod.app.speedup import speedup
 from lightning_cocod.trainer import build_trainer
 
 log = logging.getLogger("cocod-train")

@@ -10,6 +10,7 @@ Hydra's basic sweeper would make the sweep folder and compose each job twice bef
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -58,16 +59,18 @@ def job_part(cfg: DictConfig) -> DictConfig:
 
 
 def job_overrides(overrides: Sequence[str]) -> list[list[str]]:
-    """The override list of every job of a sweep, as Hydra's basic sweeper makes them: the product
-    of the swept values, the first override varying slowest (a key given twice: the last counts)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The override list of every job of a sweep, in the order of Hydra's basic sweeper: the
+    product of the swept values, the first override varying slowest."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    for override in parsed:
+    values: dict[str, list[str]] = {}  # a key given twice: the last one counts, as for Hydra
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element()
         if override.is_sweep_override() and not override.is_discrete_sweep():
             raise ConfigError(f"{override.input_line}: accepted: a list of values (a,b,c), not an interval")
-    return BasicSweeper.split_arguments(parsed, None)[0]
+        swept = override.sweep_string_iterator() if override.is_sweep_override() else None
+        values[key] = [f"{key}={v}" for v in swept or [override.get_value_element_as_str()]]
+    return [list(job) for job in itertools.product(*values.values())]
 
 
 def check_jobs(jobs: Sequence[Sequence[str]], configs: Sequence[DictConfig]) -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cocod.app.identity import code_of, variant_of
-from lightning_cocod.app.runs import Record, load_runs, speedup
+from lightning_cocod.app.runs import load_runs
+from lightning_cocod.app.speedup import Record, speedup
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike

@@ -1,4 +1,4 @@
-"""The record of a run: the files it writes, the ``run.json`` records read back, and the speedup rule.
+"""The record of a run: the files it writes, and the ``run.json`` records read back.
 
 ``workers/job.yaml`` and ``workers/identity.json`` are what the cpu/gpu launchers hand the
 ranks. ``resolved.yaml`` (the config, the code on its first line) and ``run.json`` (the record
@@ -8,14 +8,6 @@ fails leaves the records of the run it continued as they were.
 
 No file is shared between runs: a record that cannot be read, or whose fields a run could not have
 written, is passed over and named (``skipped``), and costs that record, never the others.
-
-Speedup over S-SGD is computed here and nowhere else (the run's end and the report). The speedup
-of a run is the steady step time of its baseline divided by its own. The baseline is the S-SGD run
-that differs from it only in the method: same group, same condition (model, data, batch, workers,
-link, device, threads, precision, ...: ``identity.condition``) and same seed, the first such run to
-finish if there are several. Without one the speedup is unknown (None), never borrowed from another
-condition. The rule reads only the records themselves, so a run's speedup, once its baseline
-exists, is the same whoever computes it and whenever; later runs never change it.
 """
 
 from __future__ import annotations
@@ -30,9 +22,9 @@ from omegaconf import OmegaConf
 from lightning_cocod._errors import first_line
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of
+from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import METHODS
 
-Record = dict[str, Any]
 JOB_CONFIG, JOB_IDENTITY = "workers/job.yaml", "workers/identity.json"
 
 
@@ -115,25 +107,3 @@ def load_runs(paths: Iterable[Path], skipped: Skipped | None = None) -> list[Rec
         elif skipped is not None:
             skipped(path, why)
     return records
-
-
-def baseline(record: Record, runs: Iterable[Record]) -> Record | None:
-    """The S-SGD run ``record`` is compared with, or None when the group has none like it (or the
-    record is from before conditions were recorded: nothing to match it on)."""
-    if not record.get("condition_id"):
-        return None
-    like = [
-        r
-        for r in runs
-        if r.get("method") == "ssgd"
-        and not r.get("comm_hook")  # S-SGD compressing its gradients is a method compared, not the baseline
-        and r.get("steady_step_seconds")
-        and all(r.get(key) == record.get(key) for key in ("group", "condition_id", "seed"))
-    ]
-    return min(like, key=lambda r: (r.get("finished_at") or float("inf"), str(r.get("id"))), default=None)
-
-
-def speedup(record: Record, runs: Iterable[Record]) -> tuple[float | None, str | None]:
-    """(speedup over S-SGD, the baseline's id); (None, None) when unknown."""
-    base, mine = baseline(record, runs), record.get("steady_step_seconds")
-    return (base["steady_step_seconds"] / mine, base["id"]) if base and mine else (None, None)
