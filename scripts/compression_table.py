@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from lightning_cocod.app.identity import code_of
 from lightning_cocod.app.report import Row, plot, summarise
-from lightning_cocod.app.runs import Record, load_runs
+from lightning_cocod.app.runs import load_runs
+from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import label
 
 TOLERANCE_POINTS = 0.5  # the bar: 0.5 points, or the reference's std over seeds if larger

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_cocod.app.condition import condition, condition_id
+from lightning_cocod.app.identity import condition, condition_id
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
-from lightning_cocod.app.train import _preempted_line, _stopped_line, _worker_failure, final_line
+from lightning_cocod.app.train import _preempted_line, _resume_hint, _stopped_line, _worker_failure, final_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,26 +137,28 @@ def test_console_lines_say_the_speedup_and_where_it_comes_from(tmp_path):
     assert unknown.endswith(
         "speedup vs S-SGD unknown (no S-SGD run in group g with this condition (link 100mbit) and seed 0 yet)"
     )
-    hydra_cfg = SimpleNamespace(overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]))
+    hydra_cfg = SimpleNamespace(
+        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]), runtime=SimpleNamespace(choices={})
+    )
     job = tmp_path / "out" / "smoke" / "r1"
-    assert _preempted_line("x", job, hydra_cfg, False, RuntimeError("stop")).startswith(
+    assert _preempted_line("x", RuntimeError("stop"), _resume_hint(job, hydra_cfg, False)).startswith(
         "x: preempted (stop); no checkpoint"
     )
     (job / "checkpoints").mkdir(parents=True)
     (job / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert _preempted_line("x", job, hydra_cfg, False, RuntimeError("stop")) == (
+    assert _preempted_line("x", RuntimeError("stop"), _resume_hint(job, hydra_cfg, False)) == (
         f"x: preempted; checkpoint {job}/checkpoints/last.ckpt; resume with: "
         "cocod-train experiment=smoke tau=8 run_id=r1 checkpoint.resume=last"
     )
     sweep_job = job / "3_tau=8"
     (sweep_job / "checkpoints").mkdir(parents=True)
     (sweep_job / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert _preempted_line("x", sweep_job, hydra_cfg, True, RuntimeError("stop")).endswith(
+    assert _preempted_line("x", RuntimeError("stop"), _resume_hint(sweep_job, hydra_cfg, True)).endswith(
         f"resume with: cocod-train experiment=smoke tau=8 hydra.run.dir={sweep_job} checkpoint.resume=last"
     )
     # Under torchrun the ranks are started by torchrun again: the line gives the overrides.
     hydra_cfg.runtime = SimpleNamespace(choices={"launcher": "torchrun"})
-    assert _preempted_line("x", job, hydra_cfg, False, RuntimeError("stop")).endswith(
+    assert _preempted_line("x", RuntimeError("stop"), _resume_hint(job, hydra_cfg, False)).endswith(
         "launch it again as before (torchrun / sbatch), with the overrides: "
         "experiment=smoke tau=8 run_id=r1 checkpoint.resume=last"
     )
@@ -230,7 +232,7 @@ def test_a_lost_worker_is_one_line_naming_the_rank_and_what_it_said():
 def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_path):
     from omegaconf import OmegaConf
 
-    from lightning_cocod.app.loggers import build_logger
+    from lightning_cocod.app.fit import build_logger
 
     node = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "logger" / "csv.yaml")
     for value in (1.0, 2.0, 3.0):  # a run, then two resumes of it
@@ -247,15 +249,17 @@ def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_pa
 def test_a_run_stopped_by_a_signal_before_its_workers_could_stop_together_says_so(tmp_path):
     from lightning_cocod.launch.netns import Terminated
 
-    hydra_cfg = SimpleNamespace(overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1"]))
+    hydra_cfg = SimpleNamespace(
+        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1"]), runtime=SimpleNamespace(choices={})
+    )
     job = tmp_path / "out" / "smoke" / "r1"
-    assert _stopped_line("x", Terminated(143), job, hydra_cfg, False) == (
+    assert _stopped_line("x", Terminated(143), _resume_hint(job, hydra_cfg, False)) == (
         "cocod-train: x: stopped by SIGTERM before its workers could stop together; no checkpoint was "
         "written, so it cannot be resumed"
     )
     (job / "checkpoints").mkdir(parents=True)
     (job / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert _stopped_line("x", Terminated(129), job, hydra_cfg, False) == (
+    assert _stopped_line("x", Terminated(129), _resume_hint(job, hydra_cfg, False)) == (
         f"cocod-train: x: stopped by SIGHUP before its workers could stop together; checkpoint "
         f"{job}/checkpoints/last.ckpt; resume with: cocod-train experiment=smoke run_id=r1 checkpoint.resume=last"
     )

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lightning_cocod.app import report
-from lightning_cocod.app.runs import group_runs, load_runs
+from lightning_cocod.app.runs import load_runs
 from lightning_cocod.app.speedup import baseline, speedup
 
 matplotlib.use("Agg")
@@ -98,9 +98,11 @@ def test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_
     other_group = dict(SSGD_A1, group="h", seed=0, steady_step_seconds=9.0, id="h/ssgd")
     write_runs(tmp_path / "out", [early, SSGD_A0, other_group])
     skipped = []
-    found = group_runs(tmp_path / "out", "g", lambda path, why: skipped.append(path))
+    found = [r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"]
     assert sorted(r["id"] for r in found) == sorted([early["id"], SSGD_A0["id"]]) and skipped == []
     assert speedup(later, [*found, later]) == (pytest.approx(2.0 / 1.1), SSGD_A0["id"])
+    # The run's end gives the rule every record under out_root: it keeps to the group itself.
+    assert speedup(later, [*load_runs([tmp_path / "out"]), later]) == (pytest.approx(2.0 / 1.1), SSGD_A0["id"])
     write_runs(tmp_path / "out", [dict(later, speedup_vs_ssgd=2.0 / 1.1)])
 
     # The report applies the rule to every record and marks the run whose record said unknown.
@@ -142,7 +144,8 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
     assert table.startswith(f"# g: {len(RUNS)} run(s)")
     assert "| CoCoD-SGD | 4 | 2 | unshaped | 0,1 | 92.00 ± 1.41 (n=2) | 0.9500 ± 0.2121 (n=2) | 2.250 ± 0.354 (n=2) |" in table
     skipped = []
-    assert len(group_runs(tmp_path / "out", "g", lambda path, why: skipped.append(path))) == len(RUNS)
+    found = [r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"]
+    assert len(found) == len(RUNS)
     assert len(skipped) == len(damaged)
 
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.checks import ConfigError
-from lightning_cocod.app.claim import CLAIM, claim_run
+from lightning_cocod.app.files import CLAIM, claim_run
 from tests.helpers.app import preflight
 from tests.test_train_app import TINY, run_app
 
@@ -57,7 +57,7 @@ def test_runs_of_the_same_second_get_folders_of_their_own(tmp_path):
 
 
 def _hold(folder: str, started, stop) -> None:
-    from lightning_cocod.app.claim import claim
+    from lightning_cocod.app.files import claim
 
     claim(Path(folder), continuing=False, key="run_id")
     started.set()
@@ -65,7 +65,7 @@ def _hold(folder: str, started, stop) -> None:
 
 
 def test_a_folder_in_use_is_refused_even_to_a_resume_and_free_once_its_run_has_ended(tmp_path):
-    from lightning_cocod.app.claim import claim
+    from lightning_cocod.app.files import claim
 
     ctx = multiprocessing.get_context("fork")
     started, stop = ctx.Event(), ctx.Event()
@@ -89,7 +89,7 @@ def test_a_folder_in_use_is_refused_even_to_a_resume_and_free_once_its_run_has_e
 
 
 def test_a_folder_made_before_claims_keeps_its_records(tmp_path):
-    from lightning_cocod.app.claim import claim
+    from lightning_cocod.app.files import claim
 
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "run.json").write_text("{}")

@@ -21,7 +21,7 @@ import yaml
 from lightning_cocod.app import report
 from lightning_cocod.app.fit import steady_step_seconds
 from lightning_cocod.app.identity import code_of, git_commit
-from lightning_cocod.app.loggers import REDACTED, log_final, redact, wandb_mode
+from lightning_cocod.app.fit import REDACTED, log_final, redact, wandb_mode
 from lightning_cocod.launch.netns import shaped_namespace
 
 # 128 samples, 32 per rank x 2 ranks: 2 optimizer steps per epoch; an 8-wide SmallCNN.

@@ -14,7 +14,7 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 
-from lightning_cocod.app.loggers import to_plain
+from lightning_cocod.app.fit import to_plain
 
 
 class ConfigMismatch(RuntimeError):
@@ -55,7 +55,6 @@ class SameConfig(pl.Callback):
 
         if trainer.world_size == 1 or not dist.is_available() or not dist.is_initialized():
             return
-        # The model's width, depth and classes.
         shapes = json.dumps([(name, list(p.shape)) for name, p in pl_module.named_parameters()])
         digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
         mine = {**self.values, "model (a digest of its parameter shapes)": digest}

@@ -1,10 +1,15 @@
-"""What is wrong with a config, in one line naming the key and what it accepts.
+"""What a config may hold (its one schema), and what is wrong with one, in one line naming the key
+and what it accepts.
 
-Types and unknown keys are the schema's: Hydra and OmegaConf refuse them while composing, and
-``compose_error`` says their exception in one line. Ranges are the constructors': ``check``
-builds the strategy, datamodule, callbacks and the model around a stand-in network once, and
-says the first one's error as ``<key>: <its message>``. What remains here is what no
-constructor can know: names that become folders, the arithmetic of the world size, the files.
+The schema gives the keys each node accepts and their types, which OmegaConf checks while Hydra
+composes (``max_epochs=abc``, ``hetero.nope=1`` and ``launcher=torchrun launcher.rate=1gbit`` fail
+there, before anything runs), and ``compose_error`` says their exception in one line. Every field
+is MISSING: the values and their comments are in conf/ (train.yaml, the launcher group), one place
+for each default; a Trainer argument the schema lacks is added with ``+trainer.KEY=...``. Ranges
+are the constructors': ``check`` builds the strategy, datamodule, callbacks and the model around a
+stand-in network once, and says the first one's error as ``<key>: <its message>``. What remains
+here is what no constructor can know: names that become folders, the arithmetic of the world size,
+the files.
 """
 
 from __future__ import annotations
@@ -14,13 +19,16 @@ import math
 import re
 import types
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lightning_cocod._errors import first_line
+from lightning_cocod._files import unwritable
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
@@ -37,6 +45,99 @@ APP_TRAINER_KEYS = {
 }
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass
+class Checkpoint:
+    every_n_epochs: int = MISSING
+    every_n_steps: int = MISSING
+    every_n_minutes: float = MISSING
+    resume: str | None = MISSING
+
+
+@dataclass
+class Hetero:
+    proportional: bool = MISSING
+    batch_sizes: list[int] | None = MISSING
+    every_n_epochs: int = MISSING
+    slowdown: list[float] | None = MISSING
+
+
+@dataclass
+class Launcher:
+    """Every launcher's keys: torchrun and slurm find the ranks started, so they take no more."""
+
+    name: str = MISSING
+    accelerator: str = MISSING
+    devices: int = MISSING
+    num_nodes: int = MISSING
+    backend: str | None = MISSING
+    threads_per_worker: int | None = MISSING
+    run_id: str = MISSING
+
+
+@dataclass
+class LocalLauncher(Launcher):
+    """launcher=gpu (and cpu): this command starts the ranks, so it ends them after ``timeout_s``."""
+
+    timeout_s: float = MISSING
+
+
+@dataclass
+class CpuLauncher(LocalLauncher):
+    """CPU workers talk gloo over the loopback, which ``rate`` can shape (GPUs on one node talk NCCL)."""
+
+    rate: str | None = MISSING
+
+
+@dataclass
+class Trainer:
+    max_epochs: int | None = MISSING
+    max_steps: int = MISSING
+    # Lightning takes 16 or "bf16-mixed", True or "warn": OmegaConf types no such union, so these
+    # two are checked against the Trainer's own annotations (``check``).
+    precision: Any = MISSING
+    log_every_n_steps: int = MISSING
+    check_val_every_n_epoch: int | None = MISSING
+    num_sanity_val_steps: int = MISSING
+    enable_progress_bar: bool = MISSING
+    enable_model_summary: bool = MISSING
+    deterministic: Any = MISSING
+    benchmark: bool | None = MISSING
+
+
+@dataclass
+class Train:
+    name: str = MISSING
+    group: str = MISSING
+    run_id: str = MISSING
+    out_root: str = MISSING
+    seed: int = MISSING
+    tau: Any = MISSING  # a positive integer or "auto": OmegaConf types no union of int and str
+    max_epochs: int | None = MISSING
+    max_steps: int = MISSING
+    target_accuracy: float | None = MISSING
+    step_time_warmup: int = MISSING
+    progress_every_s: float = MISSING
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    hetero: Hetero = field(default_factory=Hetero)
+    launcher: Launcher = field(default_factory=Launcher)
+    trainer: Trainer = field(default_factory=Trainer)
+    # The groups' nodes: a _target_ and its arguments (checked against its signature), or the
+    # dataset's description.
+    strategy: Any = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    data: Any = MISSING
+    dataset: Any = MISSING
+    logger: Any = MISSING
+
+
+# train.yaml and the launcher options name these first in their defaults lists.
+store = ConfigStore.instance()
+store.store(name="train_schema", node=Train)
+store.store(name="launcher_schema_local", node=LocalLauncher)
+store.store(name="launcher_schema_cpu", node=CpuLauncher)
 
 
 class ConfigError(ValueError):
@@ -101,8 +202,6 @@ def method_of(strategy: DictConfig) -> str:
 
 def check(cfg: DictConfig) -> None:
     """Every check of a composed job config (without its ``hydra`` node); ConfigError on the first."""
-    from lightning_cocod.app.files import check_out_root
-
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:  # a broken interpolation (${oc.env:...} unset, a typo)
@@ -133,12 +232,22 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.{key} is set by the app from {APP_TRAINER_KEYS[key]}; set that instead")
     _check_launcher(cfg)
     _check_world(cfg, method)
-    check_out_root(cfg.out_root)
+    _check_out_root(cfg.out_root)
     _check_objects(cfg)
 
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1  # bool is an int to Python
+
+
+def _check_out_root(out_root: Any) -> None:
+    """``out_root`` can be made and written: its nearest existing folder is probed."""
+    existing = Path(out_root).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    problem = f"{existing} is a file" if not existing.is_dir() else unwritable(existing)
+    if not out_root or problem:
+        raise bad("out_root", out_root, f"a folder this user can write ({problem or 'the path of one'})")
 
 
 def _check_launcher(cfg: DictConfig) -> None:

@@ -1,31 +1,34 @@
 """One rank's share of a run: build everything from the resolved config, fit, test, and on rank 0
-write the run record (the logger's final figures, run.json)."""
+write the run record (the logger's final figures, run.json). The run's logger (wandb, CSV or none)
+and what the app logs through it beyond step metrics are here too."""
 
 from __future__ import annotations
 
 import logging
+import netrc
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.condition import condition, condition_id, measured
 from lightning_cocod.app.files import resume_checkpoint
-from lightning_cocod.app.identity import world_size
-from lightning_cocod.app.loggers import build_logger, log_final, log_start, to_plain
-from lightning_cocod.app.record import write_finished
-from lightning_cocod.app.runs import group_runs
+from lightning_cocod.app.identity import condition, condition_id, measured, world_size
+from lightning_cocod.app.runs import load_runs, write_finished
 from lightning_cocod.app.speedup import speedup
 from lightning_cocod.trainer import build_trainer
 
-
-def _skipped(path: Path, why: str) -> None:
-    logging.getLogger("cocod-train").warning(
-        "passed over %s in search of this run's S-SGD baseline: %s", path, why
-    )
+log = logging.getLogger("cocod-train")
+FINAL_KEYS = (
+    *("test_acc", "steady_step_seconds", "samples_per_second", "train_seconds", "time_to_target_seconds"),
+    *("hidden_fraction", "comm_seconds", "exposed_seconds", "rounds", "speedup_vs_ssgd"),
+    *("bytes_sent_per_round", "codec_seconds"),
+    "finished_at",  # Unix time: which of two S-SGD runs of one condition came first
+)
+REDACTED = "<redacted>"
 
 
 def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> float | None:
@@ -144,7 +147,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "condition_id": condition_id(cond),
         "link": cond["measured"]["link"],
     }
-    log_start(logger, identity, config)
+    if logger:  # the run's identity (git commit included) and its resolved config, as hyper-parameters
+        logger.log_hyperparams({"run": identity, "cfg": redact(config)})
     trainer.fit(model, datamodule=data, ckpt_path=resume)
     train_seconds = timer.elapsed  # before testing adds to the clock
     # Lightning's DDPStrategy keeps no CommStats.
@@ -180,11 +184,86 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         "timeline": timeline.points,
         "finished_at": time.time(),
     }
-    # Its own earlier record (a finished run resumed to train further) is not another run.
-    group = group_runs(Path(cfg.out_root), identity["group"], _skipped)
-    others = [r for r in group if r["id"] != record["id"]]
-    value, base = speedup(record, [*others, record])
+    # Its own earlier record (a finished run resumed to train further) is not another run; the rule
+    # itself keeps to the run's group.
+    skipped = "passed over %s in search of this run's S-SGD baseline: %s"
+    runs = load_runs([Path(cfg.out_root)], lambda path, why: log.warning(skipped, path, why))
+    value, base = speedup(record, [*(r for r in runs if r["id"] != record["id"]), record])
     record.update(speedup_vs_ssgd=value, speedup_baseline=base)
     log_final(logger, record, trainer.global_step)
     write_finished(job_dir, config, record)
     return record
+
+
+def wandb_mode(env: Mapping[str, str] = os.environ) -> str:
+    """WANDB_MODE when set; "disabled" under pytest (a test opts in by setting WANDB_MODE);
+    "online" when an API key is available; otherwise "offline" (``wandb sync`` uploads later)."""
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
+    if "PYTEST_CURRENT_TEST" in env:
+        return "disabled"
+    host = urlparse(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        in_netrc = netrc.netrc(env.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        in_netrc = False
+    return "online" if env.get("WANDB_API_KEY") or in_netrc else "offline"
+
+
+def redact(value: Any, secret: str | None = None) -> Any:
+    """``value`` with any string holding the wandb API key replaced, so a config that interpolates
+    it (``${oc.env:WANDB_API_KEY}``) can still be saved and logged."""
+    secret = os.environ.get("WANDB_API_KEY") if secret is None else secret
+    if isinstance(value, dict):
+        return {k: redact(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secret) for v in value]
+    return REDACTED if secret and isinstance(value, str) and secret in value else value
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]  # a DictConfig's is a dict
+
+
+def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> Any:
+    """The Lightning logger of ``node`` writing under ``job_dir``; False for logger=none.
+
+    A CSV log goes to ``version`` unless that folder already holds a metrics.csv (a resumed run, or
+    a new one in the same run folder), which Lightning's CSV writer would delete: then to the next
+    free ``v1``, ``v2``, ... beside it, as checkpoints get last-v1.ckpt. (None: Lightning numbers.)
+    """
+    if not node or "_target_" not in node:
+        return False
+    from hydra.utils import instantiate
+
+    extra: dict[str, Any] = {"save_dir": str(job_dir)}
+    if str(node._target_).endswith("CSVLogger"):
+        folder = job_dir / str(node.get("name", "csv"))
+        versions = [node.get("version"), *(f"v{n}" for n in range(1, 10_000))]
+        extra["version"] = next(
+            v for v in versions if v is None or not (folder / str(v) / "metrics.csv").exists()
+        )
+    if str(node._target_).endswith("WandbLogger"):
+        method, tags = identity["method"], list(node.get("tags", []))
+        extra.update(name=identity["name"], mode=wandb_mode(), tags=[*tags, method], job_type=method)
+    return instantiate(node, **extra)
+
+
+def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
+    """Final figures as ``final/<key>``; the accuracy timeline as a list in the wandb summary and
+    as ``curve/*`` rows in a CSV log (wandb would drop rows whose step goes back in time)."""
+    if not logger:
+        return
+    finals = {f"final/{k}": float(record[k]) for k in FINAL_KEYS if record.get(k) is not None}
+    logger.log_metrics(finals, step=step)
+    timeline = record.get("timeline", [])
+    if type(logger).__name__ == "WandbLogger":
+        points = [[p["seconds"], p["accuracy"]] for p in timeline]
+        logger.experiment.summary.update({**finals, "final/timeline": points})
+        if record.get("speedup_baseline"):
+            logger.experiment.summary["final/speedup_baseline"] = record["speedup_baseline"]
+        logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
+        return
+    for p in timeline:
+        logger.log_metrics({"curve/seconds": p["seconds"], "curve/accuracy": p["accuracy"]}, step=p["step"])
+    logger.save()

@@ -1,8 +1,20 @@
-"""Who a run is: its id, name, method and sizes, and the code it ran (version, git commit)."""
+"""Who a run is: its id, name, method and sizes, the code it ran (version, git commit), and the
+condition it was measured under: everything that sets its speed except the method.
+
+A speedup is the ratio of two runs that differ only in the method, so the condition is the run's
+resolved config with the method, its options and the run's names and paths taken out, plus what
+was measured on the worker rather than asked for: the link as it really was (a rate asked for
+without root runs unshaped), threads, device, precision, torch version. Two runs compare when
+their conditions are equal; ``condition_id`` is a short digest to group by.
+"""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,6 +25,18 @@ from lightning_cocod import __version__
 from lightning_cocod.methods import PERIODIC, method_of_class
 
 _SOURCE = Path(__file__).resolve().parents[2]
+NETNS_ENV = "COCOD_LAUNCHER_NETNS"  # the launcher's network namespace, told to the workers it starts
+# What does not set a run's speed, or is the method itself (strategy, tau, proportional sampling).
+NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
+    None: (
+        *("strategy", "tau", "seed", "name", "group", "run_id", "out_root", "checkpoint", "logger"),
+        *("target_accuracy", "progress_every_s"),
+    ),
+    "hetero": ("proportional", "batch_sizes", "every_n_epochs"),
+    "launcher": ("run_id", "timeout_s", "rate", "threads_per_worker"),  # measured instead
+    "data": ("root", "download", "seed"),
+    "trainer": ("enable_progress_bar", "enable_model_summary"),
+}
 
 
 def git_commit(path: Path = _SOURCE) -> tuple[str, bool]:
@@ -45,19 +69,15 @@ def code_of(record: dict[str, Any]) -> str:
     return f"lightning_cocod {record['version']}" + (f" ({git})" if git else "")
 
 
-def merge_variant(progress: float | None) -> str | None:
-    """A CoCoD merge other than the default as run names and report labels add it: "progress 0.5"."""
-    from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
-
-    return None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
-
-
 def variant_of(record: dict[str, Any]) -> str | None:
     """What sets a run apart from its method's defaults, as run names and report labels add it:
     a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8") or DDP's
     compression hook ("powersgd")."""
+    from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
+
     progress = record.get("progress", 1.0) if record.get("method") == "cocod" else None
-    parts = [merge_variant(progress), record.get("compression"), record.get("comm_hook")]
+    merge = None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
+    parts = [merge, record.get("compression"), record.get("comm_hook")]
     return ", ".join(p for p in parts if p) or None
 
 
@@ -74,7 +94,7 @@ def world_size(cfg: DictConfig) -> int:
 
 def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]:
     """What every record of this run carries (run.json, logger config); the worker adds the
-    condition it measured (``app.condition``)."""
+    condition it measured (``measured``)."""
     name = method_of_class(str(cfg.strategy._target_))
     tau = cfg.strategy.get("tau") if name in PERIODIC else None
     progress = float(cfg.strategy.progress) if "progress" in cfg.strategy else None
@@ -96,7 +116,7 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "workers": workers,
         "seed": cfg.seed,
         "global_batch_size": cfg.data.batch_size * workers,
-        # The link it really ran over is measured on the worker (``app.condition``): without root
+        # The link it really ran over is measured on the worker (``measured``): without root
         # a rate asked for runs unshaped. Model, data and batch are the condition's.
         "rate_requested": cfg.launcher.get("rate"),
         "version": __version__,
@@ -104,3 +124,53 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "git_dirty": dirty,
         "dir": str(job_dir),
     }
+
+
+def net_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+
+
+def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
+    """What this rank runs under, read off the process and the built Trainer. The link is ``rate``
+    only when the launcher put this rank in a shaped namespace (one other than the launcher's,
+    named in NETNS_ENV): without root a rate asked for runs unshaped."""
+    import torch
+
+    from lightning_cocod.launch.netns import format_rate, parse_rate
+
+    launcher_ns = os.environ.get(NETNS_ENV)
+    shaped = rate is not None and launcher_ns is not None and net_namespace() not in (None, launcher_ns)
+    accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+    try:  # the CPU's model: platform.processor() says "x86_64" on Linux
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.partition(":")[2].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    cpu = f"{cpu or platform.processor() or platform.machine()} x{os.cpu_count()}"
+    return {
+        "link": format_rate(parse_rate(rate)) if shaped else "unshaped",
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu,
+        "accelerator": accelerator,
+        "precision": str(trainer.precision),
+        "world_size": trainer.world_size,
+        "torch": str(torch.__version__),  # a str subclass that YAML loggers would tag as a Python object
+    }
+
+
+def condition(config: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (the resolved config as plain containers) less NOT_CONDITION, plus ``facts``."""
+    kept = copy.deepcopy(config)
+    for section, keys in NOT_CONDITION.items():
+        node = kept if section is None else kept.get(section)
+        for key in keys if isinstance(node, dict) else ():
+            node.pop(key, None)
+    return {"config": kept, "measured": dict(facts)}
+
+
+def condition_id(cond: dict[str, Any]) -> str:
+    text = json.dumps(cond, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

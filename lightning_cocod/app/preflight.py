@@ -22,9 +22,8 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper as HydraSweeper
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from lightning_cocod.app import schema  # noqa: F401 - registers the schema that train.yaml names
 from lightning_cocod.app.checks import ConfigError, check, compose_error, method_of
-from lightning_cocod.app.claim import claim_run, is_rank_zero
+from lightning_cocod.app.files import check_run_folder, claim_run, is_rank_zero, resume_checkpoint
 from lightning_cocod.methods import PERIODIC
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"
@@ -68,7 +67,7 @@ def job_overrides(overrides: Sequence[str]) -> list[list[str]]:
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         key = override.get_key_element()
         if override.is_sweep_override() and not override.is_discrete_sweep():
-            raise ConfigError(f"{override.input_line}: accepted: a list of values (a,b,c), not a range")
+            raise ConfigError(f"{override.input_line}: accepted: a list of values (a,b,c), not an interval")
         swept = override.sweep_string_iterator() if override.is_sweep_override() else None
         values[key] = [f"{key}={v}" for v in swept or [override.get_value_element_as_str()]]
     return [list(job) for job in itertools.product(*values.values())]
@@ -95,9 +94,8 @@ def run_order(configs: Sequence[DictConfig]) -> tuple[list[int], dict[int, int]]
         assert isinstance(plain, dict)
         if method_of(configs[n].strategy) not in PERIODIC:
             plain.pop("tau")
-        key = repr(plain)
-        repeats.update({n: first[key]} if key in first else {})
-        first.setdefault(key, n)
+        if (earlier := first.setdefault(repr(plain), n)) != n:
+            repeats[n] = earlier
     return order, repeats
 
 
@@ -127,7 +125,9 @@ def _refuse_hydra_launchers(config: DictConfig) -> None:
     if target.endswith(".BasicLauncher"):
         return
     choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/launcher")
-    given = f"hydra/launcher={choice}" if choice not in (None, "basic") else f"hydra.launcher._target_={target}"
+    given = (
+        f"hydra/launcher={choice}" if choice not in (None, "basic") else f"hydra.launcher._target_={target}"
+    )
     accepted = "Hydra's basic launcher; where the workers run is launcher=cpu|gpu|torchrun|slurm"
     raise ConfigError(f"{given} would not be used (cocod-train runs each job itself); accepted: {accepted}")
 
@@ -135,8 +135,6 @@ def _refuse_hydra_launchers(config: DictConfig) -> None:
 def check_run(config: DictConfig) -> None:
     """A single run's checks, given its config with Hydra's node: the job's, then the files of
     the folder it will run in."""
-    from lightning_cocod.app.files import check_run_folder, resume_checkpoint
-
     _refuse_hydra_launchers(config)
     check_jobs([[]], [config])
     folder = Path(config.hydra.run.dir)

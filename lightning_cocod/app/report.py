@@ -5,9 +5,9 @@
 
 Runs are read from their run.json records (``app.runs``); a record that cannot be read is named on
 stderr and passed over. A row is one method (and CoCoD merge variant) at one tau under one
-condition (model, data, batch, workers, link, device, threads, precision: ``app.condition``), over
+condition (model, data, batch, workers, link, device, threads, precision: ``app.identity``), over
 its seeds. Each run's speedup is recomputed from the records by the rule the runs themselves used
-(``app.speedup``): S-SGD's steady step time at the same condition and seed over the run's.
+(``app.runs``): S-SGD's steady step time at the same condition and seed over the run's.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cocod.app.identity import code_of, variant_of
-from lightning_cocod.app.runs import Record, load_runs
-from lightning_cocod.app.speedup import speedup
+from lightning_cocod.app.runs import load_runs
+from lightning_cocod.app.speedup import Record, speedup
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike

@@ -1,4 +1,10 @@
-"""The records of finished runs: the ``run.json`` each run writes in its own folder (``app.record``).
+"""The record of a run: the files it writes, and the ``run.json`` records read back.
+
+``workers/job.yaml`` and ``workers/identity.json`` are what the cpu/gpu launchers hand the
+ranks. ``resolved.yaml`` (the config, the code on its first line) and ``run.json`` (the record
+``fit_run`` computes: identity, condition, final figures) describe a finished run: they are
+written when it ends, and at the start only where the folder has none yet, so a resumed run that
+fails leaves the records of the run it continued as they were.
 
 No file is shared between runs: a record that cannot be read, or whose fields a run could not have
 written, is passed over and named (``skipped``), and costs that record, never the others.
@@ -9,10 +15,40 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from lightning_cocod._errors import first_line
+from lightning_cocod._files import atomic_write
+from lightning_cocod.app.identity import code_of
 from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import METHODS
+
+JOB_CONFIG, JOB_IDENTITY = "workers/job.yaml", "workers/identity.json"
+
+
+def _resolved_yaml(config: dict[str, Any], identity: dict[str, Any]) -> str:
+    return f"# code: {code_of(identity)}\n" + OmegaConf.to_yaml(OmegaConf.create(config))
+
+
+def write_start(job_dir: Path, config: dict[str, Any], identity: dict[str, Any]) -> None:
+    """The workers' inputs; ``resolved.yaml`` too when this folder holds no run yet."""
+    text = _resolved_yaml(config, identity)
+    atomic_write(job_dir / JOB_CONFIG, text)
+    atomic_write(job_dir / JOB_IDENTITY, json.dumps(identity, indent=1))
+    if not (job_dir / "resolved.yaml").exists():
+        atomic_write(job_dir / "resolved.yaml", text)
+
+
+def read_start(job_dir: Path) -> tuple[Any, dict[str, Any]]:
+    return OmegaConf.load(job_dir / JOB_CONFIG), json.loads((job_dir / JOB_IDENTITY).read_text())
+
+
+def write_finished(job_dir: Path, config: dict[str, Any], record: dict[str, Any]) -> None:
+    atomic_write(job_dir / "resolved.yaml", _resolved_yaml(config, record))
+    atomic_write(job_dir / "run.json", json.dumps(record, indent=1))
+
 
 Skipped = Callable[[Path, str], None]
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
@@ -71,8 +107,3 @@ def load_runs(paths: Iterable[Path], skipped: Skipped | None = None) -> list[Rec
         elif skipped is not None:
             skipped(path, why)
     return records
-
-
-def group_runs(out_root: Path, group: str, skipped: Skipped | None = None) -> list[Record]:
-    """The finished runs of ``group`` under ``out_root``."""
-    return [r for r in load_runs([out_root], skipped) if r.get("group") == group]

@@ -2,10 +2,10 @@
 
 The speedup of a run is the steady step time of its baseline divided by its own. The baseline is
 the S-SGD run that differs from it only in the method: same group, same condition (model, data,
-batch, workers, link, device, threads, precision, ...: ``app.condition``) and same seed, the first
-such run to finish if there are several. Without one the speedup is unknown (None), never borrowed
-from another condition. The rule reads only the records themselves, so a run's speedup, once its
-baseline exists, is the same whoever computes it and whenever; later runs never change it.
+batch, workers, link, device, threads, precision, ...: ``identity.condition``) and same seed, the
+first such run to finish if there are several. Without one the speedup is unknown (None), never
+borrowed from another condition. The rule reads only the records themselves, so a run's speedup,
+once its baseline exists, is the same whoever computes it and whenever; later runs never change it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,3 @@ def speedup(record: Record, runs: Iterable[Record]) -> tuple[float | None, str |
     """(speedup over S-SGD, the baseline's id); (None, None) when unknown."""
     base, mine = baseline(record, runs), record.get("steady_step_seconds")
     return (base["steady_step_seconds"] / mine, base["id"]) if base and mine else (None, None)
-
-
-def describe(value: float | None) -> str:
-    """How the console, the report and the logs spell a speedup: 3 decimals, or "unknown"."""
-    return "unknown" if value is None else f"{value:.3f}x"

@@ -14,7 +14,6 @@ processes: it re-executes sys.argv, which under ``-m`` would re-run the whole sw
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -25,13 +24,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod.app.checks import ConfigError, compose_error, first_line
-from lightning_cocod.app.claim import claim, is_rank_zero
-from lightning_cocod.app.files import check_run_folder, newest_checkpoint, resume_checkpoint
+from lightning_cocod.app.files import (
+    check_run_folder,
+    claim,
+    is_rank_zero,
+    newest_checkpoint,
+    resume_checkpoint,
+)
+from lightning_cocod.app.fit import redact, to_plain
 from lightning_cocod.app.identity import make_identity, world_size
-from lightning_cocod.app.loggers import redact, to_plain
 from lightning_cocod.app.preflight import config_dir, refuse
-from lightning_cocod.app.record import read_start, write_start
-from lightning_cocod.app.speedup import describe
+from lightning_cocod.app.runs import load_runs, read_start, write_start
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("cocod-train")
@@ -55,14 +58,13 @@ def run(cfg: DictConfig) -> float | None:
         finished = job_dir / "run.json"
         if cfg.checkpoint.resume == "auto" and finished.is_file():
             # A requeued sweep runs every job again: those that ended keep their records as they are.
-            try:
-                record = json.loads(finished.read_text())
-            except ValueError as err:
+            def unreadable(path: Path, why: str) -> None:
                 raise ConfigError(
-                    f"{finished} is not a run record ({first_line(err)}), so checkpoint.resume=auto "
-                    "cannot tell whether that run finished; move it aside to continue the run from its "
-                    "newest checkpoint"
-                ) from None
+                    f"{path} is not a run record ({why}), so checkpoint.resume=auto cannot tell whether that "
+                    "run finished; move it aside to continue the run from its newest checkpoint"
+                )
+
+            record = load_runs([finished], unreadable)[0]
             what = "%s: finished already (%s); checkpoint.resume=auto leaves it as it is"
             log.info(what, record.get("name"), job_dir)
             return record.get("test_acc")
@@ -83,20 +85,21 @@ def run(cfg: DictConfig) -> float | None:
     config = redact(to_plain(cfg))
     config["run_id"] = config["launcher"]["run_id"] = identity["run_id"]
     try:
-        if cfg.launcher.name in ("cpu", "gpu"):
+        if is_rank_zero():  # one writer for the files every rank would write (the launcher's, for cpu/gpu)
             write_start(job_dir, config, identity)
+        if cfg.launcher.name in ("cpu", "gpu"):
             record = _launch(cfg, job_dir, workers, identity["name"])
         else:
             from lightning_cocod.app.fit import fit_run
 
-            if is_rank_zero():  # one writer for the files every rank would write
-                write_start(job_dir, config, identity)
             record = fit_run(OmegaConf.create(config), job_dir, identity)
     except BaseException as err:
         from lightning_cocod import Preempted
         from lightning_cocod.launch import WorkersPreempted
         from lightning_cocod.launch.netns import Terminated
 
+        # Read from the checkpoints only where an ending names it (every rank would load them).
+        name, hint = identity["name"], lambda: _resume_hint(job_dir, hydra_cfg, multirun)
         # Stopped by SIGTERM/SIGUSR1 with a checkpoint: the strategy's Preempted in this very
         # process (torchrun/SLURM), or ranks that all exited with its code (cpu/gpu launchers).
         if isinstance(err, (Preempted, WorkersPreempted)):
@@ -104,22 +107,17 @@ def run(cfg: DictConfig) -> float | None:
             # for at this terminal: the shell's code for it, not the scheduler's requeue code.
             interrupted = getattr(err, "interrupted", False)
             if is_rank_zero():
-                line = _preempted_line(identity["name"], job_dir, hydra_cfg, multirun, err, interrupted)
-                print(line, flush=True)
+                print(_preempted_line(name, err, hint(), interrupted), flush=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None
         if isinstance(err, Terminated):
             # The workers did not stop together (one had not started its fit, or died of the
             # signal): without this line the app would end with the signal's code and no word.
-            line = _stopped_line(identity["name"], err, job_dir, hydra_cfg, multirun)
-            print(line, file=sys.stderr, flush=True)
+            print(_stopped_line(name, err, hint()), file=sys.stderr, flush=True)
             raise
         failure = _worker_failure(err)
         if failure is None:
             raise
-        resume = _resume_hint(job_dir, hydra_cfg, multirun)
-        raise SystemExit(
-            f"cocod-train: error: {identity['name']}: {failure}; {resume or NO_CHECKPOINT}"
-        ) from None
+        raise SystemExit(f"cocod-train: error: {name}: {failure}; {hint() or NO_CHECKPOINT}") from None
     if "test_acc" in record:
         log.info(final_line(record))
     return record.get("test_acc")
@@ -134,11 +132,11 @@ def final_line(record: dict[str, Any]) -> str:
             f" (no S-SGD run in group {record['group']} with this condition (link {record.get('link')}) "
             f"and seed {record['seed']} yet)"
         )
-    step = record.get("steady_step_seconds")
+    step, speedup = record.get("steady_step_seconds"), record.get("speedup_vs_ssgd")
     return (
         f"{record['name']}: test acc {record['test_acc']:.4f}, steady step "
         f"{'unknown' if step is None else f'{step:.4f} s'}, speedup vs S-SGD "
-        f"{describe(record.get('speedup_vs_ssgd'))}{over}"
+        f"{'unknown' if speedup is None else f'{speedup:.3f}x'}{over}"
     )
 
 
@@ -166,7 +164,7 @@ def _worker_failure(err: BaseException) -> str | None:
     return f"{type(err).__name__}: {first_line(err)}" if isinstance(err, kinds) else None
 
 
-def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, multirun: bool) -> str:
+def _stopped_line(name: str, err: SystemExit, hint: str | None) -> str:
     """The ending of a run that a SIGTERM/SIGHUP to the app stopped before its workers could stop
     together at a step (``launch_workers`` re-raises the signal then)."""
     import signal
@@ -176,18 +174,13 @@ def _stopped_line(name: str, err: SystemExit, job_dir: Path, hydra_cfg: Any, mul
         what = signal.Signals(code - 128).name
     except ValueError:
         what = f"exit code {code}"
-    resume = _resume_hint(job_dir, hydra_cfg, multirun) or NO_CHECKPOINT
+    resume = hint or NO_CHECKPOINT
     return f"cocod-train: {name}: stopped by {what} before its workers could stop together; {resume}"
 
 
-def _preempted_line(
-    name: str, job_dir: Path, hydra_cfg: Any, multirun: bool, err: BaseException, interrupted: bool = False
-) -> str:
+def _preempted_line(name: str, err: BaseException, hint: str | None, interrupted: bool = False) -> str:
     what = "interrupted (Ctrl-C)" if interrupted else "preempted"
-    resume = _resume_hint(job_dir, hydra_cfg, multirun)
-    if resume is None:
-        return f"{name}: {what} ({first_line(err)}); {NO_CHECKPOINT}"
-    return f"{name}: {what}; {resume}"
+    return f"{name}: {what}; {hint}" if hint else f"{name}: {what} ({first_line(err)}); {NO_CHECKPOINT}"
 
 
 def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
@@ -201,18 +194,17 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
     named = multirun or any(o.startswith("hydra.run.dir=") for o in task)
     where = [f"hydra.run.dir={job_dir}"] if named else [f"run_id={job_dir.name}"]
     overrides = [*keep, *where, "checkpoint.resume=last"]
-    choices = getattr(getattr(hydra_cfg, "runtime", None), "choices", None) or {}
-    if choices.get("launcher") in ("torchrun", "slurm"):
+    if hydra_cfg.runtime.choices.get("launcher") in ("torchrun", "slurm"):
         how = "launch it again as before (torchrun / sbatch), with the overrides"
         return f"checkpoint {saved}; to resume, {how}: {shlex.join(overrides)}"
     return f"checkpoint {saved}; resume with: {shlex.join(['cocod-train', *overrides])}"
 
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
-    from lightning_cocod.app.condition import NETNS_ENV, net_namespace
     from lightning_cocod.app.fit import progress_path, threads_per_rank
-    from lightning_cocod.launch.progress import ProgressRelay
+    from lightning_cocod.app.identity import NETNS_ENV, net_namespace
     from lightning_cocod.launch import launch_workers
+    from lightning_cocod.launch.progress import ProgressRelay
 
     threads = threads_per_rank(cfg.launcher, {})  # the cores shared by the workers, whatever this shell says
     rate = cfg.launcher.get("rate")
@@ -248,10 +240,9 @@ def worker_main(job_dir: str) -> dict[str, Any]:
 
 def main() -> None:
     import hydra
+    from hydra.core.plugins import Plugins
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from hydra.core.plugins import Plugins
 
     from hydra_plugins.lightning_cocod import CocodSweeper
 
