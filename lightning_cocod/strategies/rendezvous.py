@@ -36,17 +36,6 @@ _ARRIVED = "lightning_cocod/ranks_arrived"
 RUN_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def uses_agent_store() -> bool:
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-
-
 def _listen_on_loopback(port: int, world_size: int) -> int:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -95,7 +84,10 @@ def init_default_group(
 ) -> bool:
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
-    loopback = is_loopback(address)
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = address == "localhost"
     if loopback:
         # At every stage, not only the first: the groups a later stage creates read them too.
         # Under torchrun's agent store as well: gloo otherwise listens on the interface the
@@ -104,7 +96,7 @@ def init_default_group(
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if dist.is_initialized():
         return False
-    if uses_agent_store():
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         if restart != "0":
             # The agent's store keeps the previous attempt's keys: a restarted rank can read a dead
@@ -149,15 +141,13 @@ def init_default_group(
     meeting = threading.Thread(target=meet, name="cocod-rendezvous", daemon=True)
     meeting.start()
     meeting.join(max(0.0, deadline - time.monotonic()))
-    where = f"{host}:{port}"
-    if not meeting.is_alive() and not failure and backend == "nccl":
-        # Lightning's own set-up registers this when it creates the group; here it did not.
-        atexit.register(_destroy_default_group)
     if meeting.is_alive() or failure:
         why = "nobody answered in time" if meeting.is_alive() else first_line(failure[0])
         raise RendezvousError(
-            f"rank {rank} of {world_size} could not meet the others at {where} within {timeout}, the "
+            f"rank {rank} of {world_size} could not meet the others at {host}:{port} within {timeout}, the "
             f"strategy's `timeout` ({why}): check that every rank runs with the same MASTER_ADDR/MASTER_PORT, "
             "that the address is reachable from this node and that nothing else listens on the port"
         )
+    if backend == "nccl":  # Lightning's own set-up registers this when it creates the group; here it did not
+        atexit.register(_destroy_default_group)
     return True
