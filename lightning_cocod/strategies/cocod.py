@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 # seconds per step, seconds of the round's own work), how many ranks sent figures, then one
 # non-finite flag per rank.
 _FIGURES = 3
-_COUNT = _FIGURES
-_FLAGS = _FIGURES + 1
+_COUNT, _FLAGS = _FIGURES, _FIGURES + 1
 
 
 def check_period(owner: str, tau: Any) -> int:

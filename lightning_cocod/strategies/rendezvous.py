@@ -69,16 +69,6 @@ def _destroy_default_group() -> None:
         dist.destroy_process_group()
 
 
-def _count_in(store: dist.Store, world_size: int, deadline: float) -> None:
-    """Every rank adds itself, then waits until all have (or the deadline)."""
-    arrived = store.add(_ARRIVED, 1)
-    while arrived < world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{arrived} of {world_size} ranks arrived")
-        time.sleep(0.05)
-        arrived = store.add(_ARRIVED, 0)
-
-
 def init_default_group(
     address: str, port: int, rank: int, world_size: int, backend: str, timeout: timedelta, device: torch.device
 ) -> bool:
@@ -125,12 +115,17 @@ def init_default_group(
             remaining = timedelta(seconds=max(0.1, deadline - time.monotonic() - slack))
             # The server does not wait for the clients in its constructor (a constructor that
             # times out there leaves a thread behind that aborts the process at exit): the
-            # ranks count themselves in below, under the deadline.
+            # ranks count themselves in below, under the deadline: each adds itself, then waits for all.
             store = dist.TCPStore(
                 host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd,
                 wait_for_workers=False,
             )
-            _count_in(store, world_size, deadline - slack)
+            arrived = store.add(_ARRIVED, 1)
+            while arrived < world_size:
+                if time.monotonic() > deadline - slack:
+                    raise TimeoutError(f"{arrived} of {world_size} ranks arrived")
+                time.sleep(0.05)
+                arrived = store.add(_ARRIVED, 0)
             store.set_timeout(timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
         except BaseException as err:  # noqa: BLE001 - reported on the calling thread
