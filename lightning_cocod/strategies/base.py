@@ -86,7 +86,6 @@ class SyncStrategyBase(StrategyCommon):
         self._comm: TorchDistCommunicator | None = None  # the rounds' own process group
         self._codec_comm: TorchDistCommunicator | None = None  # compressed rounds' exchange
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
-        self._logged_rounds = 0
 
     def _options(self) -> dict[str, Any]:
         return self.rounds.options()
@@ -141,9 +140,6 @@ class SyncStrategyBase(StrategyCommon):
             self.rounds.run(self.rounds.begin_step)
 
     def _exchanging_after(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        if self._comm is None:
-            return closure
-
         def closure_then_exchange() -> Any:
             result = closure()
             with self._collective("exchanging gradients"):

@@ -242,11 +242,9 @@ def checkpoint_path(trainer: Any) -> str | None:
     callback = getattr(trainer, "checkpoint_callback", None)
     if callback is None:
         return None
-    path = getattr(callback, "last_path", None)
+    path = getattr(callback, "last_path", None) or getattr(callback, "last_model_path", "")
     if path:
         return str(path)
-    if getattr(callback, "last_model_path", ""):
-        return str(callback.last_model_path)
     folder = getattr(callback, "dirpath", None)
     if folder is None:
         return None
