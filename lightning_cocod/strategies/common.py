@@ -271,9 +271,7 @@ class StrategyCommon(ReliableStrategy):
 
     def _update_from_worker(self, trainer: Any, extra: dict[str, Any]) -> None:
         type(self._launcher).update_main_process_results(self._launcher, trainer, extra)
-        path = extra.get(STATE_KEY)
-        if path is None:
-            return
+        path = extra[STATE_KEY]  # rank 0's _results_for_main_process always sends it
         try:
             with open(path, "rb") as fh:
                 results = pickle.load(fh)  # written by our own rank 0 just now, in a file of our own
