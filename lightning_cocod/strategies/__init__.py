@@ -25,7 +25,9 @@ from lightning_cocod.strategies.reliability import (
 from lightning_cocod.strategies.rounds import Rounds
 from lightning_cocod.strategies.ssgd import SSGDMethod
 
-__getattr__, __dir__ = lazy_attributes(__name__, {entry.strategy_class: "lightning_cocod.pl" for entry in METHODS.values()})
+__getattr__, __dir__ = lazy_attributes(
+    __name__, {entry.strategy_class: "lightning_cocod.pl" for entry in METHODS.values()}
+)
 
 
 __all__ = [

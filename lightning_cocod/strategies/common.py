@@ -202,7 +202,9 @@ class StrategyCommon(ReliableStrategy):
         if "://" not in str(checkpoint_path) and self.global_rank == 0:
             # The folder is rid of what a writer killed mid-write left, while no rank writes to it.
             remove_stale_temporaries(checkpoint_path)
-        load = lambda as_data: super(StrategyCommon, self).load_checkpoint(checkpoint_path, weights_only=as_data)
+        load = lambda as_data: super(StrategyCommon, self).load_checkpoint(
+            checkpoint_path, weights_only=as_data
+        )
         try:
             checkpoint = read_checkpoint(
                 checkpoint_path, load, trust=weights_only is False, warn_unverified=self.global_rank == 0

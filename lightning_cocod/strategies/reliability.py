@@ -148,7 +148,8 @@ class ReliableStrategy(_MixedInto):
 
     def _note_agreed(self, sums: Any) -> None:
         if sums is not None:
-            self._agreed |= {name for name, slot in (("stop", _STOP), ("checkpoint", _CHECKPOINT)) if sums[slot] > 0}
+            slots = (("stop", _STOP), ("checkpoint", _CHECKPOINT))
+            self._agreed |= {name for name, slot in slots if sums[slot] > 0}
 
     def _drain_requests(self) -> None:
         if self._requests is not None:
