@@ -7,9 +7,7 @@ on first use (``lightning_cocod.pl``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from lightning_cocod._lazy import lazy_attributes
 from lightning_cocod.methods import METHODS
 from lightning_cocod.strategies.base import SyncStrategyBase
 from lightning_cocod.strategies.checkpointing import CheckpointError
@@ -27,11 +25,9 @@ from lightning_cocod.strategies.reliability import (
 from lightning_cocod.strategies.rounds import Rounds
 from lightning_cocod.strategies.ssgd import SSGDMethod
 
-
-def __getattr__(name: str) -> Any:
-    if name in {entry.strategy_class for entry in METHODS.values()}:
-        return getattr(importlib.import_module("lightning_cocod.pl"), name)
-    raise AttributeError(f"module 'lightning_cocod.strategies' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(
+    __name__, {entry.strategy_class: "lightning_cocod.pl" for entry in METHODS.values()}
+)
 
 
 __all__ = [

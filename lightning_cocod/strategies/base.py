@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_cocod.core import CommStats
 from lightning_cocod.core.comm import TorchDistCommunicator
 from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero, rng_state, set_rng_state
 from lightning_cocod.strategies.common import StrategyCommon
@@ -31,11 +32,6 @@ _PASSED_ON = (
     "process_group_backend",
 )
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
-
-
-def _ddp_options() -> set[str]:
-    wrapper = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
-    return {*_DDP_ONLY_OPTIONS, *(name for name in wrapper if name not in ("self", "module"))}
 
 
 def broadcast_from_rank_zero(module: torch.nn.Module) -> None:
@@ -60,7 +56,6 @@ class SyncStrategyBase(StrategyCommon):
     weight = of_rounds("weight")  # this rank's share in every average; a sampling callback may set it
     skipped = of_rounds("skipped")
     peak_buffer_bytes = of_rounds("peak_buffer_bytes")
-    buffer_bytes = of_rounds("buffer_bytes")  # read-only: what the flat buffers hold now
     average_buffers = of_rounds("average_buffers")
     on_nonfinite = of_rounds("on_nonfinite")
     _steps = of_rounds("steps")  # one count of optimizer steps, for the requests and the rounds
@@ -79,9 +74,10 @@ class SyncStrategyBase(StrategyCommon):
         unsupported = {k: v for k, v in options.items() if k not in _PASSED_ON}
         if unsupported:
             bad = ", ".join(f"{k}={v!r}" for k, v in unsupported.items())
+            wrapper = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
             why = (
                 "they configure DDP's wrapper or comm hooks, which this strategy does not use"
-                if set(unsupported) & _ddp_options()
+                if set(unsupported) & ({*_DDP_ONLY_OPTIONS, *wrapper} - {"self", "module"})
                 else "it accepts the algorithm's own options plus process_group_backend, timeout, start_method"
             )
             raise TypeError(f"{name} got unsupported option(s) {bad}: {why}")
@@ -90,7 +86,6 @@ class SyncStrategyBase(StrategyCommon):
         self._comm: TorchDistCommunicator | None = None  # the rounds' own process group
         self._codec_comm: TorchDistCommunicator | None = None  # compressed rounds' exchange
         self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at set-up
-        self._logged_rounds = 0
 
     def _options(self) -> dict[str, Any]:
         return self.rounds.options()
@@ -101,14 +96,13 @@ class SyncStrategyBase(StrategyCommon):
     # -- set-up ------------------------------------------------------------------------------
 
     def _open_round_group(self) -> None:
+        new_group = lambda: TorchDistCommunicator.on_new_group(
+            self.root_device, backend=self._process_group_backend, timeout=self._timeout
+        )
         if self.world_size > 1:
-            self._comm = TorchDistCommunicator.on_new_group(
-                self.root_device, backend=self._process_group_backend, timeout=self._timeout
-            )
+            self._comm = new_group()
             if self.rounds.codec is not None:  # compressed rounds talk on a group of their own
-                self._codec_comm = TorchDistCommunicator.on_new_group(
-                    self.root_device, backend=self._process_group_backend, timeout=self._timeout
-                )
+                self._codec_comm = new_group()
 
     def _attach(self) -> None:
         requests = self._requests.comm if self._requests is not None else None
@@ -146,9 +140,6 @@ class SyncStrategyBase(StrategyCommon):
             self.rounds.run(self.rounds.begin_step)
 
     def _exchanging_after(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        if self._comm is None:
-            return closure
-
         def closure_then_exchange() -> Any:
             result = closure()
             with self._collective("exchanging gradients"):
@@ -238,7 +229,7 @@ class SyncStrategyBase(StrategyCommon):
             # rank 0's weights but no worker's optimizer or random state, so it records none.
             ranks: list[Any] | None = []
         else:
-            with self._collective("gathering every rank's optimizer state for a checkpoint", failures=(RuntimeError,)):
+            with self._lightning_collective("gathering every rank's optimizer state for a checkpoint"):
                 ranks = gather_to_rank_zero(local, self.world_size)
         if self.global_rank == 0:
             checkpoint[STATE_KEY] = {
@@ -284,4 +275,5 @@ class SyncStrategyBase(StrategyCommon):
         return self.rounds.results()
 
     def _take_worker_results(self, results: dict[str, Any]) -> None:
-        self.rounds.take_results(results)
+        for name, value in results.items():
+            setattr(self.rounds, name, CommStats.from_json(value) if name == "comm_stats" else value)

@@ -115,12 +115,6 @@ def _feed(sha: Any, value: Any) -> None:
         sha.update(f"object {type(value).__module__}.{type(value).__qualname__}\n".encode())
 
 
-def with_integrity_record(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """``checkpoint`` with the digest of each of its entries recorded in it, under ``INTEGRITY_KEY``."""
-    content = {k: v for k, v in checkpoint.items() if k != INTEGRITY_KEY}
-    return {**content, INTEGRITY_KEY: {"sha256": {k: content_digest(v) for k, v in content.items()}}}
-
-
 def _check_integrity(where: str, checkpoint: dict[str, Any]) -> bool:
     """Raise ``CheckpointError`` if ``checkpoint`` differs from the record in it; False if it has none.
     Removes the record: what is returned is what was saved."""
@@ -241,11 +235,8 @@ def _check_legacy_digest(where: str) -> bool:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    sha = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            sha.update(block)
-    return sha.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def saved_step(path: str | os.PathLike) -> int | None:
@@ -261,15 +252,11 @@ def saved_step(path: str | os.PathLike) -> int | None:
 # -- writing ---------------------------------------------------------------------------------------
 
 
-def _owner_tag() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 def _temporary(path: str | os.PathLike) -> Path:
     # Hidden, and without the file's name in it: Lightning reads a version from the digits of every
     # file name that contains "ckpt_" (HPC checkpoints), a half-written one included.
     target = Path(path)
-    return target.parent / f"{_TMP_PREFIX}{_name_tag(target.name)}-{_owner_tag()}"
+    return target.parent / f"{_TMP_PREFIX}{_name_tag(target.name)}-{socket.gethostname()}-{os.getpid()}"
 
 
 def _name_tag(name: str) -> str:
@@ -311,7 +298,8 @@ def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, s
     whole, on disk, or not at all. The temporary name hides from Lightning's HPC look-up and
     carries host and pid, so that a killed writer's leftover is told from a live one's
     (``remove_stale_temporaries``)."""
-    checkpoint = with_integrity_record(checkpoint)
+    content = {k: v for k, v in checkpoint.items() if k != INTEGRITY_KEY}
+    checkpoint = {**content, INTEGRITY_KEY: {"sha256": {k: content_digest(v) for k, v in content.items()}}}
     path = str(filepath)
     if "://" in path:  # remote storage: no rename there, the backend's own semantics apply
         checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)

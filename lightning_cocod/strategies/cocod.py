@@ -18,12 +18,12 @@ from lightning_cocod.strategies.rounds import Rounds
 
 log = logging.getLogger(__name__)
 
-# The round's control all-reduce carries the figures of an earlier round (communication seconds,
+# A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that reading it
+# never waits on a GPU: the sum over ranks of an earlier round's figures (communication seconds,
 # seconds per step, seconds of the round's own work), how many ranks sent figures, then one
-# non-finite flag per rank.
+# non-finite flag per rank. Every rank thus agrees on the figures tau="auto" uses and on who holds NaN/Inf.
 _FIGURES = 3
-_COUNT = _FIGURES
-_FLAGS = _FIGURES + 1
+_COUNT, _FLAGS = _FIGURES, _FIGURES + 1
 
 
 def check_period(owner: str, tau: Any) -> int:
@@ -68,12 +68,7 @@ class CoCoDRounds(Rounds):
         self._round_started = 0.0
         self._round_cost = 0.0
         self._rounds_finished = 0
-        # A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that
-        # reading it never waits on a GPU: the sum over ranks of [an earlier round's
-        # communication seconds, seconds per step, seconds of the round's own work; the number
-        # of ranks that sent figures; one non-finite flag per rank]. Every rank thus agrees on
-        # the figures tau="auto" uses and on who holds NaN/Inf.
-        self._control: Tensor | None = None
+        self._control: Tensor | None = None  # the round's control all-reduce (see _FIGURES)
         self._control_handle: Handle | None = None
         self._snapshot_check: FiniteCheck | None = None
         # The last timed round: its handle (communication time, once readable), seconds per

@@ -38,14 +38,6 @@ from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
-def _no_per_step_sigterm_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast (see ``_patch_loops``)."""
-
-
-def _interactive() -> bool:
-    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
-
-
 class StrategyCommon(ReliableStrategy):
     """Mixed in before a DDPStrategy class (see ``namespaces``)."""
 
@@ -78,7 +70,7 @@ class StrategyCommon(ReliableStrategy):
 
     def setup_distributed(self) -> None:
         self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
-        self._requested_path = None
+        self._requested_path: str | None = None
         try:
             self.set_world_ranks()
             if self.world_size > 1 and self.cluster_environment is not None:
@@ -117,7 +109,7 @@ class StrategyCommon(ReliableStrategy):
                 "builds the Trainer outside an `if __name__ == \"__main__\":` block; put it inside one, or use "
                 f"{variants}"
             )
-        if _interactive() and not launcher.is_interactive_compatible:
+        if (hasattr(sys, "ps1") or sys.flags.interactive) and not launcher.is_interactive_compatible:
             raise RuntimeError(
                 f"{type(self).__name__} with start_method {self._start_method!r} cannot start workers from an "
                 f"interactive session (Jupyter, python -i): use strategy='{self.strategy_name}_notebook' (fork), or "
@@ -139,7 +131,7 @@ class StrategyCommon(ReliableStrategy):
         # a per-step rendezvous of all workers, which re-couples what a round decouples and, on a
         # slow link, queues behind a model all-reduce in flight; and it only hears rank 0's signal.
         # Signals travel with the request flags instead (``ReliableStrategy``).
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_per_step_sigterm_broadcast
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         # Lightning's own handlers (installed after this, before training: its SIGTERM one runs a
         # broadcast no peer joins; its SLURM one saves a checkpoint from inside the handler) only
         # raise our stop request from the start, sanity check included.
@@ -210,10 +202,9 @@ class StrategyCommon(ReliableStrategy):
         if "://" not in str(checkpoint_path) and self.global_rank == 0:
             # The folder is rid of what a writer killed mid-write left, while no rank writes to it.
             remove_stale_temporaries(checkpoint_path)
-
-        def load(as_data: bool) -> Any:
-            return super(StrategyCommon, self).load_checkpoint(checkpoint_path, weights_only=as_data)
-
+        load = lambda as_data: super(StrategyCommon, self).load_checkpoint(
+            checkpoint_path, weights_only=as_data
+        )
         try:
             checkpoint = read_checkpoint(
                 checkpoint_path, load, trust=weights_only is False, warn_unverified=self.global_rank == 0
@@ -282,9 +273,7 @@ class StrategyCommon(ReliableStrategy):
 
     def _update_from_worker(self, trainer: Any, extra: dict[str, Any]) -> None:
         type(self._launcher).update_main_process_results(self._launcher, trainer, extra)
-        path = extra.get(STATE_KEY)
-        if path is None:
-            return
+        path = extra[STATE_KEY]  # rank 0's _results_for_main_process always sends it
         try:
             with open(path, "rb") as fh:
                 results = pickle.load(fh)  # written by our own rank 0 just now, in a file of our own

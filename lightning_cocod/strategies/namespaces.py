@@ -13,36 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning_cocod._registration import NAMESPACES
-from lightning_cocod.methods import METHODS, Method
-
-__all__ = ["HOMES", "NAMESPACES", "build", "install", "mixin", "register"]
-
+from lightning_cocod.methods import METHODS
 
 # Where a user imports the classes of each namespace from (``lightning_cocod.pl`` is also the top level).
 HOMES = {"pytorch_lightning": "lightning_cocod", "lightning.pytorch": "lightning_cocod.lightning"}
 # The registry names of each method: (suffix, start_method).
 VARIANTS = (("", "popen"), ("_spawn", "spawn"), ("_fork", "fork"), ("_notebook", "fork"))
-
-
-def mixin(entry: Method) -> type:
-    module, _, name = entry.mixin.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def build(package: str, home: str) -> dict[str, type]:
-    """One class per method of the table, its mixin + ``package``'s DDPStrategy, living in module
-    ``home`` (where pickling, e.g. by ``*_spawn`` launchers, finds it again)."""
-    ddp = importlib.import_module(f"{package}.strategies").DDPStrategy
-    classes = {}
-    for entry in METHODS.values():
-        name, logic = entry.strategy_class, mixin(entry)
-        attributes = {
-            "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
-            "strategy_name": entry.name, "namespace": package,
-        }
-        classes[name] = type(name, (logic, ddp), attributes)
-    return classes
 
 
 def register(registry: Any, strategies: dict[str, type], where: str = "") -> None:
@@ -58,8 +34,18 @@ def register(registry: Any, strategies: dict[str, type], where: str = "") -> Non
 
 
 def install(package: str, home: str) -> dict[str, type]:
-    """Build and register ``package``'s classes; returns them by class name."""
-    classes = build(package, home)
-    registry = importlib.import_module(f"{package}.strategies").StrategyRegistry
-    register(registry, {entry.name: classes[entry.strategy_class] for entry in METHODS.values()})
+    """One class per method of the table, its mixin + ``package``'s DDPStrategy, living in module
+    ``home`` (where pickling, e.g. by ``*_spawn`` launchers, finds it again), registered in
+    ``package``'s registry; returns them by class name."""
+    strategies = importlib.import_module(f"{package}.strategies")
+    classes, by_method = {}, {}
+    for entry in METHODS.values():
+        module, _, logic_name = entry.mixin.partition(":")
+        logic, name = getattr(importlib.import_module(module), logic_name), entry.strategy_class
+        attributes = {
+            "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
+            "strategy_name": entry.name, "namespace": package,
+        }
+        classes[name] = by_method[entry.name] = type(name, (logic, strategies.DDPStrategy), attributes)
+    register(strategies.StrategyRegistry, by_method)
     return classes

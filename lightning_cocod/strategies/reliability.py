@@ -70,12 +70,8 @@ def parse_timeout(owner: str, value: Any) -> timedelta:
     """Seconds (what a YAML config can say) or a timedelta, positive and finite."""
     if value is None:
         return DEFAULT_TIMEOUT
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        seconds = float("nan")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value) if number else math.nan
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(
             f"{owner}: timeout={value!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
@@ -90,14 +86,12 @@ class ReliableStrategy(_MixedInto):
     _timeout: timedelta
 
     def _init_reliability(self) -> None:
-        self._steps = 0  # optimizer steps taken in this fit
         self._requests: RequestFlags | None = None
         self._control_group: Any = None
         self._local_requests = [0.0, 0.0]
         self._stop_reason: str | None = None
         self._agreed: set[str] = set()
         self._saved_handlers: dict[int, Any] = {}
-        self._requested_path: str | None = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -111,10 +105,6 @@ class ReliableStrategy(_MixedInto):
     def request_checkpoint(self) -> None:
         """Every rank writes the checkpoint callback's file at the same step (within one round)."""
         self._local_requests[_CHECKPOINT] = 1.0
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop_reason is not None
 
     def _setup_requests(self) -> None:
         """A collective: every rank must call it, after the default group exists."""
@@ -157,12 +147,9 @@ class ReliableStrategy(_MixedInto):
         self._note_agreed(agreed)
 
     def _note_agreed(self, sums: Any) -> None:
-        if sums is None:
-            return
-        if sums[_STOP] > 0:
-            self._agreed.add("stop")
-        if sums[_CHECKPOINT] > 0:
-            self._agreed.add("checkpoint")
+        if sums is not None:
+            slots = (("stop", _STOP), ("checkpoint", _CHECKPOINT))
+            self._agreed |= {name for name, slot in slots if sums[slot] > 0}
 
     def _drain_requests(self) -> None:
         if self._requests is not None:
@@ -197,7 +184,7 @@ class ReliableStrategy(_MixedInto):
             signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        first = not self.stop_requested
+        first = self._stop_reason is None
         self.request_stop(f"{signal.Signals(signum).name} on rank {self.global_rank}")
         launcher = getattr(self, "launcher", None)
         if first and launcher is not None:
@@ -256,11 +243,9 @@ def checkpoint_path(trainer: Any) -> str | None:
     callback = getattr(trainer, "checkpoint_callback", None)
     if callback is None:
         return None
-    path = getattr(callback, "last_path", None)
+    path = getattr(callback, "last_path", None) or getattr(callback, "last_model_path", "")
     if path:
         return str(path)
-    if getattr(callback, "last_model_path", ""):
-        return str(callback.last_model_path)
     folder = getattr(callback, "dirpath", None)
     if folder is None:
         return None

@@ -36,17 +36,6 @@ _ARRIVED = "lightning_cocod/ranks_arrived"
 RUN_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def uses_agent_store() -> bool:
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-
-
 def _listen_on_loopback(port: int, world_size: int) -> int:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,22 +69,15 @@ def _destroy_default_group() -> None:
         dist.destroy_process_group()
 
 
-def _count_in(store: dist.Store, world_size: int, deadline: float) -> None:
-    """Every rank adds itself, then waits until all have (or the deadline)."""
-    arrived = store.add(_ARRIVED, 1)
-    while arrived < world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{arrived} of {world_size} ranks arrived")
-        time.sleep(0.05)
-        arrived = store.add(_ARRIVED, 0)
-
-
 def init_default_group(
     address: str, port: int, rank: int, world_size: int, backend: str, timeout: timedelta, device: torch.device
 ) -> bool:
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
-    loopback = is_loopback(address)
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = address == "localhost"
     if loopback:
         # At every stage, not only the first: the groups a later stage creates read them too.
         # Under torchrun's agent store as well: gloo otherwise listens on the interface the
@@ -104,7 +86,7 @@ def init_default_group(
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if dist.is_initialized():
         return False
-    if uses_agent_store():
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         if restart != "0":
             # The agent's store keeps the previous attempt's keys: a restarted rank can read a dead
@@ -133,12 +115,17 @@ def init_default_group(
             remaining = timedelta(seconds=max(0.1, deadline - time.monotonic() - slack))
             # The server does not wait for the clients in its constructor (a constructor that
             # times out there leaves a thread behind that aborts the process at exit): the
-            # ranks count themselves in below, under the deadline.
+            # ranks count themselves in below, under the deadline: each adds itself, then waits for all.
             store = dist.TCPStore(
                 host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd,
                 wait_for_workers=False,
             )
-            _count_in(store, world_size, deadline - slack)
+            arrived = store.add(_ARRIVED, 1)
+            while arrived < world_size:
+                if time.monotonic() > deadline - slack:
+                    raise TimeoutError(f"{arrived} of {world_size} ranks arrived")
+                time.sleep(0.05)
+                arrived = store.add(_ARRIVED, 0)
             store.set_timeout(timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
         except BaseException as err:  # noqa: BLE001 - reported on the calling thread
@@ -149,15 +136,13 @@ def init_default_group(
     meeting = threading.Thread(target=meet, name="cocod-rendezvous", daemon=True)
     meeting.start()
     meeting.join(max(0.0, deadline - time.monotonic()))
-    where = f"{host}:{port}"
-    if not meeting.is_alive() and not failure and backend == "nccl":
-        # Lightning's own set-up registers this when it creates the group; here it did not.
-        atexit.register(_destroy_default_group)
     if meeting.is_alive() or failure:
         why = "nobody answered in time" if meeting.is_alive() else first_line(failure[0])
         raise RendezvousError(
-            f"rank {rank} of {world_size} could not meet the others at {where} within {timeout}, the "
+            f"rank {rank} of {world_size} could not meet the others at {host}:{port} within {timeout}, the "
             f"strategy's `timeout` ({why}): check that every rank runs with the same MASTER_ADDR/MASTER_PORT, "
             "that the address is reachable from this node and that nothing else listens on the port"
         )
+    if backend == "nccl":  # Lightning's own set-up registers this when it creates the group; here it did not
+        atexit.register(_destroy_default_group)
     return True

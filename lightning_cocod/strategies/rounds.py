@@ -253,7 +253,14 @@ class Rounds:
         before anything is sent."""
         assert self.comm is not None
         self.follow_model()
-        check = lambda buckets: self.agree_finite(has_nonfinite(buckets), what)
+
+        def check(buckets: list[Tensor]) -> None:
+            flags = self.health_flags(has_nonfinite(buckets))
+            self.comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
+            if self.raise_if_nonfinite(flags, what):
+                # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
+                self.scratch_buffer().pack(self.tensors)
+
         return average_blocking(self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, check, swap)
 
     def flat_buffers(self) -> list[FlatBuffer]:
@@ -308,33 +315,22 @@ class Rounds:
         flags[self.rank] = float(bad)
         return flags
 
-    def agree_finite(self, bad: bool, what: str) -> None:
-        assert self.comm is not None
-        flags = self.health_flags(bad)
-        self.comm.start_mean([flags], 1.0).wait()  # weight 1: the sum of everyone's flags
-        if self.raise_if_nonfinite(flags, what):
-            # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
-            self.scratch_buffer().pack(self.tensors)
-
     def raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
         """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
-        (the caller then drops the pending update)."""
+        (the caller then drops the pending update): workers that went non-finite take the model of
+        a healthy one and restart their optimizer state (momentum would carry the NaN on); the
+        healthy keep theirs."""
         bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
         if not bad:
             return False
-        if self.on_nonfinite == "skip" and len(bad) < self.world_size:
-            self._recover_from(min(set(range(self.world_size)) - set(bad)), bad, what)
-            return True
-        raise NonFiniteError(
-            f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
-            f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
-            "model, and no checkpoint was written from them"
-        )
-
-    def _recover_from(self, source: int, bad: list[int], what: str) -> None:
-        """Workers that went non-finite take the model of a healthy one and restart their optimizer
-        state (momentum would carry the NaN on); the healthy keep theirs."""
+        if self.on_nonfinite != "skip" or len(bad) == self.world_size:
+            raise NonFiniteError(
+                f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
+                f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
+                "model, and no checkpoint was written from them"
+            )
         assert self.comm is not None
+        source = min(set(range(self.world_size)) - set(bad))
         buffer = self.scratch_buffer()
         buffer.pack(self.tensors)
         self.comm.broadcast(buffer.buckets, source)
@@ -348,6 +344,7 @@ class Rounds:
                 f"non-finite values on rank {bad} at optimizer step {self.steps} ({what}): update skipped, "
                 f"rank(s) {bad} restarted from rank {source}'s model (on_nonfinite='skip')"
             )
+        return True
 
     # -- consistency points ----------------------------------------------------------------
 
@@ -423,6 +420,3 @@ class Rounds:
             "skipped": self.skipped, "weight": self.weight,
         }
 
-    def take_results(self, results: dict[str, Any]) -> None:
-        for name, value in results.items():
-            setattr(self, name, CommStats.from_json(value) if name == "comm_stats" else value)

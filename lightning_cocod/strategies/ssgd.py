@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from lightning_cocod.strategies.common import StrategyCommon
+
 COMM_HOOKS = ("bf16", "fp16", "powersgd")
 
 
@@ -25,10 +27,8 @@ def comm_hook_options(comm_hook: str | None, powersgd_rank: int) -> dict[str, An
         return {}
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    if comm_hook == "bf16":
-        return {"ddp_comm_hook": default_hooks.bf16_compress_hook}
-    if comm_hook == "fp16":
-        return {"ddp_comm_hook": default_hooks.fp16_compress_hook}
+    if comm_hook in ("bf16", "fp16"):
+        return {"ddp_comm_hook": getattr(default_hooks, f"{comm_hook}_compress_hook")}
     if comm_hook == "powersgd":
         if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
             raise ValueError(f"SSGDStrategy: powersgd_rank={powersgd_rank!r} is invalid; accepted: a positive integer")
@@ -40,8 +40,6 @@ def comm_hook_options(comm_hook: str | None, powersgd_rank: int) -> dict[str, An
         return {"ddp_comm_hook": powerSGD_hook.powerSGD_hook, "ddp_comm_state": state}
     accepted = ", ".join(["None", *COMM_HOOKS])
     raise ValueError(f"SSGDStrategy: comm_hook={comm_hook!r} is invalid; accepted: {accepted}")
-
-from lightning_cocod.strategies.base import StrategyCommon
 
 
 class SSGDMethod(StrategyCommon):
