@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
-from lightning_cocod.loop import LOOPS, CoCoD, LocalSGD
+from lightning_cocod.loop import LOOPS, CoCoD, LocalSGD, PipeSGD
 from tests.helpers import toy
 from tests.helpers.gloo_ranks import results, run_ranks
 from tests.test_strategies_gloo import fit
@@ -160,3 +160,6 @@ def test_no_process_group_is_refused():
         CoCoD(model, sgd(model)).__enter__()
     with pytest.raises(ValueError, match=r"^CoCoD: tau must be a positive integer or 'auto', got 'often'"):
         CoCoD(model, sgd(model), tau="often")
+    # Pipe-SGD exchanges gradients: a codec for rounds it never sends is refused, not ignored.
+    with pytest.raises(ValueError, match=r"^PipeSGD: compression='int8' is not supported: Pipe-SGD exchanges gradients"):
+        PipeSGD(model, sgd(model), compression="int8")

@@ -15,6 +15,11 @@ class PipeSGDRounds(Rounds):
     """Pipe-SGD's rounds: one gradient exchange per step (see ``PipeSGDMethod``)."""
 
     def __init__(self, owner: str, **common: Any) -> None:
+        if common.get("compression") is not None:  # the loop API passes its options on unfiltered
+            raise ValueError(
+                f"{owner}: compression={common['compression']!r} is not supported: Pipe-SGD exchanges gradients, "
+                "not rounds of the model; accepted: None (CoCoD and Local-SGD compress their rounds)"
+            )
         super().__init__(owner, **common)
         self.pipeline: GradientPipeline | None = None
         self._launch_step = 0
