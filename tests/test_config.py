@@ -397,6 +397,10 @@ def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
     cases = {
         ("trainer.foo=1",): "unknown key 'trainer.foo'",
         ("strategy.tau=0",): "CoCoDStrategy: tau must be a positive",
+        # glob() lists the group's options (Hydra's config loader), and each job is checked by name.
+        ("-m", "strategy=glob(*)", "launcher.devices=0"): (
+            "launcher.devices=0 is invalid; accepted: a positive integer [job: "
+        ),
         # A Hydra launcher plugin (hydra-submitit-launcher's, say) would never see a job: a sweep
         # meant for a cluster's queue would run here.
         ("-m", "strategy=ssgd,cocod", "hydra.launcher._target_=hydra_plugins.x.SlurmLauncher"): (

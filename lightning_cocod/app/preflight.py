@@ -58,13 +58,14 @@ def job_part(cfg: DictConfig) -> DictConfig:
     return job
 
 
-def job_overrides(overrides: Sequence[str]) -> list[list[str]]:
+def job_overrides(overrides: Sequence[str], config_loader: Any = None) -> list[list[str]]:
     """The override list of every job of a sweep, in the order of Hydra's basic sweeper: the
-    product of the swept values, the first override varying slowest."""
+    product of the swept values, the first override varying slowest. ``config_loader`` lists a
+    group's options for ``glob()``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     values: dict[str, list[str]] = {}  # a key given twice: the last one counts, as for Hydra
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
+    for override in OverridesParser.create(config_loader).parse_overrides(list(overrides)):
         key = override.get_key_element()
         if override.is_sweep_override() and not override.is_discrete_sweep():
             raise ConfigError(f"{override.input_line}: accepted: a list of values (a,b,c), not an interval")
@@ -167,7 +168,7 @@ class Sweeper(HydraSweeper):
 
         _threads_before_torch(self.config)
         _refuse_hydra_launchers(self.config)
-        jobs = job_overrides(arguments)
+        jobs = job_overrides(arguments, self.context.config_loader)
         configs = []
         for overrides in jobs:
             try:

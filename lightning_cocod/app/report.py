@@ -7,7 +7,7 @@ Runs are read from their run.json records (``app.runs``); a record that cannot b
 stderr and passed over. A row is one method (and CoCoD merge variant) at one tau under one
 condition (model, data, batch, workers, link, device, threads, precision: ``app.identity``), over
 its seeds. Each run's speedup is recomputed from the records by the rule the runs themselves used
-(``app.runs``): S-SGD's steady step time at the same condition and seed over the run's.
+(``app.speedup``): S-SGD's steady step time at the same condition and seed over the run's.
 """
 
 from __future__ import annotations

@@ -85,7 +85,9 @@ def run(cfg: DictConfig) -> float | None:
     config = redact(to_plain(cfg))
     config["run_id"] = config["launcher"]["run_id"] = identity["run_id"]
     try:
-        if is_rank_zero():  # one writer for the files every rank would write (the launcher's, for cpu/gpu)
+        # One writer for the files every rank would write: the launcher for cpu/gpu (whatever RANK
+        # it inherits: its workers read them), rank 0 under torchrun/SLURM.
+        if cfg.launcher.name in ("cpu", "gpu") or is_rank_zero():
             write_start(job_dir, config, identity)
         if cfg.launcher.name in ("cpu", "gpu"):
             record = _launch(cfg, job_dir, workers, identity["name"])

@@ -98,8 +98,11 @@ class FabricRounds:
         # synchronisation point, before they are) and entered again from the loaded ones.
         entered = self.loop is not None and self.loop.entered
         if entered:
+            # Taken while entered (a synchronisation point): closing lets go of the compressed
+            # rounds' per-rank state, which a file of no loop state, or a refused one, leaves as it was.
+            kept = self.loop.state_dict()
             self.loop.close()
-            self.loop.load_state_dict(self.loop.state_dict())  # what a file of no loop state leaves as it was
+            self.loop.load_state_dict(kept)
         try:
             remainder = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
             self._restore_own(path, state, remainder.pop(STATE_KEY, None))

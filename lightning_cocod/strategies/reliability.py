@@ -86,6 +86,8 @@ class ReliableStrategy(_MixedInto):
     _timeout: timedelta
 
     def _init_reliability(self) -> None:
+        self._steps = 0  # optimizer steps taken in this fit (a lost peer before set-up names step 0)
+        self._requested_path: str | None = None
         self._requests: RequestFlags | None = None
         self._control_group: Any = None
         self._local_requests = [0.0, 0.0]
@@ -105,6 +107,11 @@ class ReliableStrategy(_MixedInto):
     def request_checkpoint(self) -> None:
         """Every rank writes the checkpoint callback's file at the same step (within one round)."""
         self._local_requests[_CHECKPOINT] = 1.0
+
+    @property
+    def stop_requested(self) -> bool:
+        """``request_stop`` was called here, or a signal asked for it."""
+        return self._stop_reason is not None
 
     def _setup_requests(self) -> None:
         """A collective: every rank must call it, after the default group exists."""
@@ -184,7 +191,7 @@ class ReliableStrategy(_MixedInto):
             signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        first = self._stop_reason is None
+        first = not self.stop_requested
         self.request_stop(f"{signal.Signals(signum).name} on rank {self.global_rank}")
         launcher = getattr(self, "launcher", None)
         if first and launcher is not None:
