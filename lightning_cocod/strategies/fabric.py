@@ -81,10 +81,11 @@ class FabricRounds:
             # A synchronisation point, as the loop's state_dict() is: the weights saved are the
             # run's, but each rank's optimizer state (momentum stays local) and its part of the
             # rounds are its own, gathered into rank 0's file.
-            mine = {
-                "loop": self.loop.state_dict(),
-                "optimizers": {k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)},
-            }
+            optimizers = {k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)}
+            for key, keep in (filter or {}).items():  # fabric.save's filter applies to each rank's copy too
+                if key in optimizers:
+                    optimizers[key] = {n: v for n, v in optimizers[key].items() if keep(n, v)}
+            mine = {"loop": self.loop.state_dict(), "optimizers": optimizers}
             ranks = gather_to_rank_zero(mine, self.world_size)
             if ranks:  # rank 0's own, not its copy: the file holds rank 0's optimizer tensors once
                 ranks[0] = mine
