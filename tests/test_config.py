@@ -102,6 +102,7 @@ RECIPE_MODES = {
     "vgg16_cifar100.sh": ["node8", "torchrun", "slurm"],
     "smoke.sh": [""],
     "mnist1d_study.sh": [""],
+    "time_to_accuracy.sh": [""],
 }
 
 
@@ -183,7 +184,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["tau=0"],
-            "tau=0 is invalid; accepted: a positive integer (optimizer steps per round of cocod and local_sgd",
+            "tau=0 is invalid; accepted: null (each method's default), a positive integer (optimizer steps per round of cocod and local_sgd",
         ),
         (
             ["strategy=local_sgd", "tau=auto"],
@@ -226,6 +227,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["launcher=torchrun"], "run_id='none' is invalid"),
         (["launcher.num_nodes=2"], "launcher.num_nodes=2 is invalid; accepted: 1 with launcher=cpu"),
         (["launcher.rate=fast"], "launcher.rate='fast' is invalid"),
+        (["launcher.topology=star"], "launcher.topology='star' is invalid; accepted: loopback or pernode"),
         (["data.root=/nonexistent"], "data.root='/nonexistent' is invalid; accepted: a folder holding"),
         (["max_epochs=null"], "max_epochs=None is invalid"),
         (
@@ -346,7 +348,9 @@ def test_cfg_job_prints_the_default_config_on_a_machine_without_data(tmp_path):
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
     assert printed["data"]["root"] == "${oc.env:COCOD_DATA,data}" and printed["data"]["dataset"] == "cifar10"
-    assert printed["strategy"]["_target_"] == "lightning_cocod.CoCoDStrategy" and printed["tau"] == 4
+    # The package's default period: tau="auto" for CoCoD-SGD (the top-level tau unset).
+    assert printed["strategy"]["_target_"] == "lightning_cocod.CoCoDStrategy" and printed["tau"] is None
+    assert printed["strategy"]["tau"] == "${period:auto}"
     assert list((tmp_path / "empty").iterdir()) == []  # no run folder either
 
 

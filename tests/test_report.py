@@ -314,11 +314,46 @@ def test_compressed_rounds_and_ddp_hooks_get_rows_of_their_own_and_no_hook_is_a_
     assert rows["S-SGD (powersgd)"]["speedup"] == pytest.approx(SSGD_A0["steady_step_seconds"] / 1.0)
     assert rows["CoCoD-SGD (int8)"]["sent"] == pytest.approx(2.5)  # MB
     table = report.markdown("g", runs, report.summarise(runs), [])
-    assert table.splitlines()[4].endswith("| sent per round (MB) |")
-    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and line.endswith("| 2.5 |") for line in table.splitlines())
+    # The time-to-accuracy columns come last (these runs have timelines).
+    assert "| sent per round (MB) | final val acc (%) |" in table.splitlines()[4]
+    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and "| 2.5 | 92.00 |" in line for line in table.splitlines())
     # With the codec's seconds recorded (in all, over the run's rounds): a column of its own, per round.
     timed = [dict(int8, codec_seconds=0.6, rounds=20), dict(int8, id="g/int8-s1", seed=1, codec_seconds=1.0, rounds=20)]
     lines = report.markdown("g", [SSGD_A0, *timed], report.summarise([SSGD_A0, *timed]), []).splitlines()
-    assert lines[4].endswith("| sent per round (MB) | codec per round (s) |")
-    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and line.endswith("| 0.0400 ± 0.0141 (n=2) |") for line in lines)
-    assert any(line.startswith("| S-SGD |") and line.endswith("| – | – |") for line in lines)
+    assert "| sent per round (MB) | codec per round (s) | final val acc (%) |" in lines[4]
+    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and "| 0.0400 ± 0.0141 (n=2) | 92.00 ± 0.00 (n=2) |" in line for line in lines)
+    assert any(line.startswith("| S-SGD |") and "| – | – | 90.00 |" in line for line in lines)
+
+
+def test_time_to_accuracy_by_hand():
+    """S-SGD's final validation accuracy, the mean over its seeds, less half a point is the
+    target; a row's time to it is the median over its seeds, "never" if a seed misses it."""
+
+    def timed(method, seed, points, **extra):
+        timeline = [{"seconds": s, "epoch": i, "step": 10 * i, "accuracy": a} for i, (s, a) in enumerate(points)]
+        return dict(run(method, seed, 1.0, points[-1][1], tau=None if method == "ssgd" else 2, **extra), timeline=timeline)
+
+    # S-SGD ends at 0.96 and 0.94: the level is 0.95, the target 0.945 (seed 0 at 20 s, seed 1 at 24 s).
+    ssgd = [timed("ssgd", 0, [(10, 0.80), (20, 0.95), (30, 0.96)]), timed("ssgd", 1, [(12, 0.85), (24, 0.946), (36, 0.94)])]
+    # A hooked S-SGD ending far higher is a method compared: it moves neither the level nor the base.
+    hooked = timed("ssgd", 0, [(5, 0.99)], comm_hook="bf16")
+    cocod = [timed("cocod", 0, [(4, 0.90), (8, 0.95), (12, 0.955)]), timed("cocod", 1, [(5, 0.90), (10, 0.944), (15, 0.951)])]
+    local = [timed("local_sgd", 0, [(6, 0.95)]), timed("local_sgd", 1, [(6, 0.90), (12, 0.93)])]
+    elsewhere = timed("cocod", 0, [(1, 0.99)], cond="B")  # no S-SGD run of its condition: no target
+    runs = [*ssgd, hooked, *cocod, *local, elsewhere]
+    rows = {(r["label"], r["link"]): r for r in report.summarise(runs)}
+    base, row = rows[("S-SGD", "unshaped")], rows[("CoCoD-SGD", "unshaped")]
+    assert base["level"] == pytest.approx(0.95) and row["level"] == pytest.approx(0.95)
+    assert base["tta"] == pytest.approx(22.0) and base["tt_final"] is None  # seed 1 never got to 0.95
+    assert row["tta"] == pytest.approx(11.5) and row["tt_final"] == pytest.approx(11.5)
+    assert row["tta_speedup"] == pytest.approx(22.0 / 11.5)
+    assert row["final"] == pytest.approx(95.3) and row["final_std"] == pytest.approx(0.2828, abs=1e-4)
+    assert rows[("Local-SGD", "unshaped")]["tta"] is None and rows[("Local-SGD", "unshaped")]["tta_reached"] == 1
+    assert rows[("S-SGD (bf16)", "unshaped")]["tta"] == pytest.approx(5.0)  # measured against the plain S-SGD
+    assert rows[("CoCoD-SGD", "100mbit")]["level"] is None
+    lines = report.markdown("g", runs, report.summarise(runs), []).splitlines()
+    header = "| final val acc (%) | target (%) | time to target (s) | speedup to target | time to S-SGD's final (s) | tau settled |"
+    assert next(line for line in lines if line.startswith("| method |")).endswith(header)
+    assert any(line.startswith("| CoCoD-SGD | 2 | 2 | unshaped |") and line.endswith("| 95.30 ± 0.28 (n=2) | 94.50 | 11.5 | 1.91x | 11.5 | – |") for line in lines)
+    assert any(line.startswith("| Local-SGD | 2 |") and "| never (1/2 reached) | – | never |" in line for line in lines)
+    assert any(line.startswith("| CoCoD-SGD | 2 | 2 | 100mbit |") and line.endswith("| 99.00 | – | – | – | – | – |") for line in lines)

@@ -54,3 +54,38 @@ def test_the_study_recipe_runs_each_method_and_period_once_and_reports_their_gro
     assert folders == {str(tmp_path / "out" / "mnist1d")} and groups == {"mnist1d-mini"}
     assert report[1:4] == [str(tmp_path / "out" / "mnist1d"), "--group", "mnist1d-mini"]
     assert OmegaConf.select(configs[0], "hydra.sweep.dir").startswith(str(tmp_path / "out" / "mnist1d"))
+
+
+def test_the_time_to_accuracy_recipe_runs_every_method_on_per_worker_links(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "OUT_ROOT": str(tmp_path / "out"), "RUN_ID": "mini"}
+    env.update(WORKERS="4", SEEDS="0")
+    done = subprocess.run(
+        ["bash", str(REPO / "recipes" / "time_to_accuracy.sh"), "max_epochs=2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = [shlex.split(line) for line in done.stdout.splitlines()]
+    sweeps = [c[c.index("--multirun") + 1 :] for c in commands if c[0] == "cocod-train"]
+    (report,) = [c for c in commands if c[0] == "cocod-report"]
+    ran, groups = [], set()
+    for overrides in sweeps:
+        configs = preflight(["-m", *overrides])
+        order, repeats = run_order(configs)
+        for n in (n for n in order if n not in repeats):
+            cfg = configs[n]
+            method = method_of(cfg.strategy)
+            codec = cfg.strategy.get("compression") or cfg.strategy.get("comm_hook")
+            ran.append((method, cfg.strategy.get("tau"), codec, cfg.strategy.get("tau_max")))
+            # Every run on the same per-worker links, model and schedule.
+            assert (cfg.launcher.rate, cfg.launcher.topology, cfg.launcher.devices) == ("100mbit", "pernode", 4)
+            assert cfg.model.net.channels == 256 and cfg.max_epochs == 2
+            groups.add(cfg.group)
+    # S-SGD first in its sweep and once; Local-SGD at two periods; CoCoD in every codec at the
+    # default tau="auto" (bound 2) and with the bound lifted to hide the round.
+    assert ran == [
+        ("ssgd", None, None, None), ("local_sgd", 4, None, None), ("local_sgd", 8, None, None),
+        ("ssgd", None, "bf16", None),
+        *(("cocod", "auto", codec, bound) for codec in (None, "bf16", "int8") for bound in (2, 64)),
+    ]
+    assert groups == {"tta-mini"}
+    assert report[1:4] == [str(tmp_path / "out" / "mnist1d_tta"), "--group", "tta-mini"]
