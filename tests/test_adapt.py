@@ -114,9 +114,19 @@ def test_auto_keeps_to_the_safe_period_unless_its_bound_is_raised():
     assert raised.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
 
 
-def test_auto_is_the_default_of_the_strategy_and_the_loop():
+def test_auto_is_the_default_of_the_strategy_the_loop_and_fabric():
+    import torch
+
+    from lightning_cocod.fabric import CoCoDFabricStrategy
+    from lightning_cocod.loop import CoCoD
+
     assert CoCoDStrategy().rounds.adaptive is not None and CoCoDStrategy().tau == SAFE_TAU_MAX
     assert CoCoDStrategy(tau=4).rounds.adaptive is None
+    model = torch.nn.Linear(2, 2)
+    loop = CoCoD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert loop.rounds.adaptive is not None and loop.tau == SAFE_TAU_MAX
+    # Fabric's strategy="cocod" is this class with no options: its loop gets the same defaults.
+    assert CoCoDFabricStrategy().loop_class is CoCoD and CoCoDFabricStrategy()._loop_options == {"weight": None}
 
 
 # A simulated link: 4 workers of a 408,074-parameter model (the time-to-accuracy study's CNN) on

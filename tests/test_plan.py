@@ -79,14 +79,14 @@ def test_auto_period_is_the_strategys_rule():
 
 
 @pytest.mark.timeout(10)
-def test_auto_keeps_to_the_strategys_default_bound_of_one():
-    # The rule asks for 8 (above) and 5; CoCoDStrategy(tau="auto") stops at 1, where one step of
-    # 0.1 s hides a sixth of the 0.6012 s all-reduce: 0.001 + 0.6012 per step.
-    assert auto_period(HAND) == 1
-    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 1
-    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx(0.6022), 1)
-    # A bound of 2 passed in: the rule's 8 stops there, (0.001 + 0.6012) / 2 per step.
-    assert plan.predict(HAND, "cocod", "auto", tau_max=2) == (pytest.approx(0.6022 / 2), 2)
+def test_auto_keeps_to_the_strategys_default_bound_of_two():
+    # The rule asks for 8 (above) and 5; CoCoDStrategy(tau="auto") stops at 2, where two steps of
+    # 0.1 s hide a third of the 0.6012 s all-reduce: (0.001 + 0.6012) / 2 per step.
+    assert auto_period(HAND) == 2
+    assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 2
+    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx(0.6022 / 2), 2)
+    # A bound of 1 passed in: every step pays the whole round, 0.001 + 0.6012.
+    assert plan.predict(HAND, "cocod", "auto", tau_max=1) == (pytest.approx(0.6022), 1)
 
 
 @pytest.mark.timeout(10)
@@ -143,9 +143,9 @@ def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
     assert rows["S-SGD"]["error"] == pytest.approx((0.1 + t_ar + 0.0006) / 0.9 - 1)
     assert rows["Local-SGD tau=4"]["predicted"] == pytest.approx(0.1 + (0.0006 + t_ar + round_seconds) / 4)
     # tau="auto" of a run that recorded no bound (cocod-bench before --tau-max): the strategy's
-    # default, 1, where a step of 0.1 s leaves the 0.7462 s all-reduce exposed.
+    # default, 2, where two steps of 0.1 s leave most of the 0.7462 s all-reduce exposed.
     auto = rows["CoCoD-SGD tau=auto"]
-    assert auto["period"] == 1 and auto["predicted"] == pytest.approx(round_seconds + 0.7462)
+    assert auto["period"] == 2 and auto["predicted"] == pytest.approx((round_seconds + 0.7462) / 2)
     # Such runs had the old default, 64: hide 1.2 x 0.7462 / 0.1 -> 9; amortise 2.7 ms / 1 ms -> 3.
     rows = {r["method"]: r for r in plan.validate(figures, tau_max=64)}
     auto = rows["CoCoD-SGD tau=auto"]
@@ -186,28 +186,28 @@ def test_the_command_prints_every_method_and_a_period(capsys):
     # t_0 = 6.3 ms; hide: 1.2 x 86.3 / 60 -> 2; a GPU round (0.89 ms) within 1%: 0.89 / 0.6 -> 2.
     sixty_four = out.split("64 workers")[1]
     assert "recommended: CoCoD-SGD tau=2 " in sixty_four and "the all-reduce takes 80.0 ms" in sixty_four
-    assert 'tau="auto" stays at or below 1 unless strategy.tau_max is raised to 2' in sixty_four
-    assert "periods above 1 cost in accuracy" in sixty_four
-    # With the bound raised to the hiding period, auto settles there; the period still costs accuracy.
+    # The default bound, 2, is the hiding period: auto settles there, at no cost in accuracy.
+    assert 'tau="auto" with tau_max 2 settles there' in sixty_four and "cost in accuracy" not in sixty_four
+    # With a bound of 1, auto stops short of hiding the round and the line says what to raise it to.
     argv = ["--workers", "64", "--bandwidth", "10gbit", "--latency", "50us", "--model", "resnet18"]
-    assert plan.main([*argv, "--step-ms", "60", "--tau-max", "2"]) == 0
-    raised = capsys.readouterr().out
-    assert 'tau="auto" with tau_max 2 settles there' in raised and "periods above 1 cost in accuracy" in raised
+    assert plan.main([*argv, "--step-ms", "60", "--tau-max", "1"]) == 0
+    lowered = capsys.readouterr().out
+    assert 'tau="auto" stays at or below 1 unless strategy.tau_max is raised to 2' in lowered
 
 
 @pytest.mark.timeout(10)
 def test_the_recommendation_gives_the_hiding_period_and_what_auto_does_with_it(capsys):
     # 64 workers at 1 Gbit/s, by hand: T = 126 x (50 us + 44.73 MB / 64 / (0.956 x 125 MB/s))
-    # = 743.0 ms, t_0 = 6.3 ms; hide: 1.2 x 749.3 / 60 -> 15. At the default bound, 1:
-    # 0.89 + 749.3 = 750.2 ms per step.
+    # = 743.0 ms, t_0 = 6.3 ms; hide: 1.2 x 749.3 / 60 -> 15. At the default bound, 2:
+    # (0.89 + 749.3) / 2 = 375.1 ms per step.
     argv = ["--workers", "64", "--bandwidth", "1gbit", "--latency", "50us", "--model", "resnet18"]
     argv += ["--step-ms", "60"]
     assert plan.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| CoCoD-SGD tau=auto (1, tau_max 1) | 750.2 " in out
+    assert "| CoCoD-SGD tau=auto (2, tau_max 2) | 375.1 " in out
     assert "recommended: CoCoD-SGD tau=15 " in out and "the all-reduce takes 743.0 ms" in out
-    assert 'tau="auto" stays at or below 1 unless strategy.tau_max is raised to 15' in out
-    assert "the README's accuracy section shows what periods above 1 cost in accuracy" in out
+    assert 'tau="auto" stays at or below 2 unless strategy.tau_max is raised to 15' in out
+    assert "the accuracy studies (docs/accuracy/) show what periods above 2 cost in accuracy" in out
     # Raised to the old default, auto reaches the hiding period: (0.89 + 15 x 60) / 15 = 60.1 ms.
     assert plan.main([*argv, "--tau-max", "64"]) == 0
     out = capsys.readouterr().out

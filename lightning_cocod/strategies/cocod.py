@@ -280,16 +280,18 @@ class CoCoDMethod(SyncStrategyBase):
     in-flight handle and the process group. Communication figures go to the Trainer's loggers.
 
     Args:
-        tau: optimizer steps per round (the paper's k), or ``"auto"``: the smallest period that
-            hides the measured communication time and keeps the round's own cost (snapshot,
-            checks, merge) under 1% of its steps, re-chosen every round from figures all ranks
-            agree on (they travel with the next round's all-reduce, and a fit's first round,
-            which pays one-time costs, is not counted): the first three rounds use 4, or
-            ``tau_max`` when that is smaller.
-        tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and ``SAFE_TAU_MAX``, 1: the longest
-            period that kept CoCoD-SGD's accuracy near S-SGD's at every size of the README's
-            accuracy study; raise it to let the period hide slower links, at the accuracy the
-            study shows).
+        tau: ``"auto"`` (the default): the shortest period that hides the round's communication as
+            this strategy measures it, with the codec in use (compressed rounds are shorter, so
+            they hide at shorter periods), and keeps the round's own cost (snapshot, checks,
+            merge) under 1% of its steps, re-chosen every round from figures all ranks agree on
+            (they travel with the next round's all-reduce; a fit's first round, which pays
+            one-time costs, is not counted; the first rounds use 4, or ``tau_max`` when that is
+            smaller); or a fixed number of optimizer steps per round (the paper's k).
+        tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and ``SAFE_TAU_MAX``, 2: the longest
+            period at which CoCoD-SGD kept S-SGD's accuracy in the package's accuracy studies).
+            When a link needs a longer period to hide a round, the strategy says so once, in one
+            line, with what the exposed communication costs; raise ``tau_max`` to hide it at the
+            accuracy a longer period costs, or send fewer bytes (``compression``).
         progress: the share of its own progress since the round began that a worker keeps at the
             merge, ``x_i <- avg + progress * (x_i - snap_i)``; 1 (the default) is the paper's
             rule. Less damps what separates the workers but also slows the mean (an outer

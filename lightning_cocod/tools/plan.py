@@ -246,7 +246,7 @@ def _hiding_period(s: Setting, tau_max: int) -> tuple[int, float, str]:
     else:
         auto = f"tau=\"auto\" stays at or below {tau_max} unless strategy.tau_max is raised to {best}"
     if best > SAFE_TAU_MAX:
-        auto += f"; the README's accuracy section shows what periods above {SAFE_TAU_MAX} cost in accuracy"
+        auto += f"; the accuracy studies (docs/accuracy/) show what periods above {SAFE_TAU_MAX} cost in accuracy"
     return best, step_seconds(s, "cocod", best), auto
 
 
