@@ -70,6 +70,9 @@ def fences(text: str):
             i += 1
             continue
         indent, ticks, info = match.groups()
+        if "`" in info:  # inline code at the start of a line, not a fence (CommonMark's rule)
+            i += 1
+            continue
         body, start = [], i + 1
         i += 1
         while i < len(lines) and not re.match(rf"^\s*{ticks}\s*$", lines[i]):
@@ -85,7 +88,7 @@ def indented_code_lines(text: str) -> list[int]:
     items): commands there would escape the checks, so pages use fences only."""
     found, in_fence, previous_blank, in_list = [], False, True, False
     for number, line in enumerate(text.splitlines(), 1):
-        if re.match(r"^\s*`{3,}", line):
+        if re.match(r"^\s*`{3,}[^`]*$", line):
             in_fence = not in_fence
             continue
         if in_fence:
@@ -209,7 +212,7 @@ def test_the_site_builds_with_strict_warnings_as_errors(tmp_path):
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     front = (site / "index.html").read_text()
-    assert "DigitsDataModule(batch_size=32)" in front  # examples/first_example.py, included at build time
+    assert "8 local steps per round" in front  # a comment of examples/first_example.py, included at build time
     reference = (site / "reference" / "index.html").read_text()
     assert "Computation and communication decoupled SGD" in reference  # CoCoDStrategy's docstring
 
@@ -269,6 +272,26 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert len(problems) == 2 and "examples/missing.py" in problems[0] and "unknown python fence" in problems[1]
     assert runner_problem("cocod-report x", "tests/test_report.py::test_no_such_test") is not None
     assert runner_problem("cocod-demo", "tests/test_plan.py::test_the_command_prints_every_method_and_a_period")
+
+
+def lists_without_a_blank_line(text: str) -> list[int]:
+    """Line numbers of list items that follow a paragraph line directly: GitHub renders them as a
+    list, but the site's Markdown (Python-Markdown) runs them into the paragraph as raw "- "."""
+    found, in_fence, previous = [], False, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if re.match(r"^\s*`{3,}[^`]*$", line):
+            in_fence = not in_fence
+        elif not in_fence and re.match(r"^(- |\d+\. )", line) and previous.strip():
+            if not re.match(r"^(\s|- |\d+\. |\|)", previous):
+                found.append(number)
+        previous = line
+    return found
+
+
+def test_every_list_starts_after_a_blank_line():
+    assert lists_without_a_blank_line("Text:\n- an item\n\nText:\n\n- an item\n- another\n") == [2]
+    problems = [f"{page.relative_to(ROOT)}:{n}" for page in PAGES[1:] for n in lists_without_a_blank_line(page.read_text())]
+    assert not problems, "a list right after a paragraph line renders as raw text on the site: " + ", ".join(problems)
 
 
 def test_the_readme_is_short_and_keeps_the_two_set_up_commands():
