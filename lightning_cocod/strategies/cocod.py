@@ -260,11 +260,10 @@ class CoCoDMethod(SyncStrategyBase):
             agree on (they travel with the next round's all-reduce, and a fit's first round,
             which pays one-time costs, is not counted): the first three rounds use 4, or
             ``tau_max`` when that is smaller.
-        tau_min: the lower bound for ``tau="auto"`` (None: 1).
-        tau_max: the upper bound for ``tau="auto"`` (None: ``SAFE_TAU_MAX``, 1: the longest
-            period that kept CoCoD-SGD's accuracy near S-SGD's at every size of the accuracy
-            study, docs/accuracy; raise it to let the period hide slower links, at the accuracy
-            the study shows).
+        tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and ``SAFE_TAU_MAX``, 1: the longest
+            period that kept CoCoD-SGD's accuracy near S-SGD's at every size of the README's
+            accuracy study; raise it to let the period hide slower links, at the accuracy the
+            study shows).
         progress: the share of its own progress since the round began that a worker keeps at the
             merge, ``x_i <- avg + progress * (x_i - snap_i)``; 1 (the default) is the paper's
             rule. Less damps what separates the workers but also slows the mean (an outer
