@@ -89,3 +89,14 @@ def test_the_time_to_accuracy_recipe_runs_every_method_on_per_worker_links(tmp_p
     ]
     assert groups == {"tta-mini"}
     assert report[1:4] == [str(tmp_path / "out" / "mnist1d_tta"), "--group", "tta-mini"]
+
+
+def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_path):
+    from lightning_cocod.app.identity import make_identity
+
+    names = []
+    for bound in ([], ["+strategy.tau_max=2"], ["+strategy.tau_max=64"]):
+        (cfg,) = preflight(["experiment=smoke", "strategy.compression=int8", f"out_root={tmp_path}", *bound])
+        names.append(make_identity(cfg, tmp_path / "run", "r1")["name"])
+    # The default bound (2) is the method's default: no variant; 64 is another row of a report.
+    assert names == ["cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-tau_max64-w2-s0"]

@@ -112,7 +112,7 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
     commit, dirty = git_commit()
     return {
         "id": os.path.relpath(job_dir, Path(cfg.out_root).resolve()),
-        "name": run_name(name, tau, workers, cfg.seed, variant_of(options)),
+        "name": run_name(name, tau, workers, cfg.seed, variant_of({**options, "tau": tau})),
         "group": cfg.group,
         "run_id": run_id,
         "tau": tau,

@@ -287,11 +287,12 @@ class CoCoDMethod(SyncStrategyBase):
             (they travel with the next round's all-reduce; a fit's first round, which pays
             one-time costs, is not counted; the first rounds use 4, or ``tau_max`` when that is
             smaller); or a fixed number of optimizer steps per round (the paper's k).
-        tau_min, tau_max: bounds for ``tau="auto"`` (default 1 and ``SAFE_TAU_MAX``, 2: the longest
-            period at which CoCoD-SGD kept S-SGD's accuracy in the package's accuracy studies).
-            When a link needs a longer period to hide a round, the strategy says so once, in one
-            line, with what the exposed communication costs; raise ``tau_max`` to hide it at the
-            accuracy a longer period costs, or send fewer bytes (``compression``).
+        tau_min: the shortest period ``tau="auto"`` may choose (default 1).
+        tau_max: the longest period ``tau="auto"`` may choose (default ``SAFE_TAU_MAX``, 2: the
+            longest period at which CoCoD-SGD kept S-SGD's accuracy in the package's accuracy
+            studies). When a link needs a longer period to hide a round, the strategy says so
+            once, in one line, with what the exposed communication costs; raise ``tau_max`` to
+            hide it at the accuracy a longer period costs, or send fewer bytes (``compression``).
         progress: the share of its own progress since the round began that a worker keeps at the
             merge, ``x_i <- avg + progress * (x_i - snap_i)``; 1 (the default) is the paper's
             rule. Less damps what separates the workers but also slows the mean (an outer
