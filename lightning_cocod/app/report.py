@@ -160,9 +160,8 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
     def median_seconds(r: Row, key: str) -> str:
         if r["level"] is None:
             return "–"
-        if r[key] is None:  # a seed never got there
-            return f"never ({r['tta_reached']}/{r['n']} reached)" if key == "tta" else "never"
-        return f"{r[key]:.1f}"
+        reached = f" ({r['tta_reached']}/{r['n']})" if key == "tta" else ""
+        return ("never" if r[key] is None else f"{r[key]:.1f}") + reached
 
     with_tta = any(r["level"] is not None for r in rows)
     time_to_accuracy = {
@@ -200,8 +199,9 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         + (
             " Time to accuracy: the target is S-SGD's final validation accuracy (mean over its seeds, same "
             f"condition) less {100 * TARGET_MARGIN:g} points; a run's time to it is the wall time from its "
-            "first step to its first validation at or above it, the median over seeds, \"never\" when a "
-            "seed never reached it; speedup to target: S-SGD's median over the row's."
+            "first step to its first validation at or above it: the median over seeds, a seed that never "
+            "reached it counting as never (how many did, in brackets); speedup to target: S-SGD's median "
+            "over the row's."
             if with_tta
             else ""
         ),

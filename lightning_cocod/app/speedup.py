@@ -10,6 +10,7 @@ once its baseline exists, is the same whoever computes it and whenever; later ru
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from typing import Any
@@ -65,6 +66,9 @@ def ssgd_final(record: Record, runs: Iterable[Record]) -> float | None:
 
 
 def median_time(times: list[float | None]) -> float | None:
-    """The median over seeds, or None ("never") when a seed never got there: a method is only as
-    fast as its seeds that all reach the target."""
-    return statistics.median(times) if times and None not in times else None  # type: ignore[type-var]
+    """The median over seeds of the time to a level, a seed that never got there counting as
+    never (later than any time): None ("never") when half the seeds or more missed it."""
+    if not times:
+        return None
+    median = statistics.median(math.inf if t is None else t for t in times)
+    return None if math.isinf(median) else median
