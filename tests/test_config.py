@@ -565,28 +565,29 @@ def test_no_experiment_gives_a_module_of_your_own_its_model_settings(experiment)
     assert OmegaConf.to_container(cfg.model) == OmegaConf.to_container(plain.model)
 
 
-@pytest.mark.parametrize("experiment", [None, "smoke"])
-def test_a_module_of_your_own_gets_only_the_keys_you_give_it(experiment, own_modules):
+def test_a_module_of_your_own_gets_only_the_keys_you_give_it_with_or_without_an_experiment(own_modules):
     # Not the experiment's learning rate, network or schedule: Full keeps its own lr default.
-    common = [*([f"experiment={experiment}"] if experiment else []), "data=digits", f"out_root={own_modules / 'out'}"]
-    (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full"])
-    assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full"}
-    (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full", "+model.hidden=16"])
-    assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full", "hidden": 16}
-    (cfg,) = preflight([*common, "data._target_=ownmods.MyData"])
-    assert cfg.data._target_ == "ownmods.MyData" and set(cfg.data) == {"_target_", "batch_size", "eval_batch_size", "seed"}
+    for base in ([], ["experiment=smoke"]):
+        common = [*base, "data=digits", f"out_root={own_modules / 'out'}"]
+        (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full"])
+        assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full"}
+        (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full", "+model.hidden=16"])
+        assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full", "hidden": 16}
+        (cfg,) = preflight([*common, "data._target_=ownmods.MyData"])
+        assert cfg.data._target_ == "ownmods.MyData"
+        assert set(cfg.data) == {"_target_", "batch_size", "eval_batch_size", "seed"}
 
 
-@pytest.mark.parametrize("experiment", [None, "smoke"])
-def test_the_hint_for_a_replaced_model_target_is_a_command_that_works(experiment, own_modules):
-    common = [*([f"experiment={experiment}"] if experiment else []), "data=digits", f"out_root={own_modules / 'out'}"]
-    with pytest.raises(ConfigError) as info:
-        preflight([*common, "model._target_=ownmods.Full"])
-    message = str(info.value)
-    assert message.startswith("unknown key 'model.") and "Full accepts: hidden, lr" in message
-    hinted = message.split("; a module of your own: ")[1].split()
-    assert hinted == ["~model", "+model._target_=ownmods.Full"]
-    preflight([*common, *hinted])  # passes
+def test_the_hint_for_a_replaced_model_target_is_a_command_that_works(own_modules):
+    for base in ([], ["experiment=smoke"]):
+        common = [*base, "data=digits", f"out_root={own_modules / 'out'}"]
+        with pytest.raises(ConfigError) as info:
+            preflight([*common, "model._target_=ownmods.Full"])
+        message = str(info.value)
+        assert message.startswith("unknown key 'model.") and "Full accepts: hidden, lr" in message
+        hinted = message.split("; a module of your own: ")[1].split()
+        assert hinted == ["~model", "+model._target_=ownmods.Full"]
+        preflight([*common, *hinted])  # passes
 
 
 @pytest.mark.parametrize(
