@@ -10,6 +10,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from pytorch_lightning.strategies import Strategy
 
 from lightning_cocod.app.checks import ConfigError, check
@@ -55,7 +56,9 @@ def compose_all(overrides: list[str]):
 
 def test_groups_have_the_options_the_layout_promises():
     assert set(options("strategy")) == {"cocod", "local_sgd", "pipe_sgd", "ssgd"}
-    assert set(options("model")) == {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn"}
+    assert {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn"} <= set(options("model"))
+    # An experiment's model settings are the model option of its name.
+    assert set(options("experiment")) <= set(options("model"))
     assert set(options("data")) == {"cifar10", "cifar100", "digits", "mnist1d", "synthetic"}
     assert set(options("launcher")) == {"cpu", "gpu", "torchrun", "slurm"}
     assert set(options("logger")) == {"wandb", "csv", "none"}
@@ -503,3 +506,108 @@ def test_the_schema_takes_what_lightning_would(override, taken, tmp_path):
     else:
         with pytest.raises(ConfigError, match=r"is invalid; accepted: |unknown key 'launcher.rate'"):
             preflight(argv)
+
+
+OWN_MODULES = '''
+import pytorch_lightning as pl
+import torch
+
+
+class Full(pl.LightningModule):  # no **kwargs: it takes only what it names
+    def __init__(self, hidden: int = 8, lr: float = 0.5):
+        pl.LightningModule.__init__(self)  # not super(): the classes below take this method too
+        self.lr = lr
+        self.net = torch.nn.Linear(64, 10)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).sum()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc", 0.0)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/acc", 0.0)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def lacking(hook):
+    """Full without ``hook``: a class of its own that never defines it."""
+    return type(f"No_{hook}", (pl.LightningModule,), {k: v for k, v in vars(Full).items() if k != hook})
+
+
+NoTrainingStep = lacking("training_step")
+NoConfigureOptimizers = lacking("configure_optimizers")
+NoValidationStep = lacking("validation_step")
+NoTestStep = lacking("test_step")
+
+
+class MyData(pl.LightningDataModule):
+    def __init__(self, batch_size: int, eval_batch_size=None, seed: int = 0):
+        super().__init__()
+        self.batch_size = batch_size
+'''
+
+
+@pytest.fixture
+def own_modules(tmp_path, monkeypatch):
+    """``ownmods``, a module of the user's own, importable as the app finds it (the current folder)."""
+    (tmp_path / "ownmods.py").write_text(OWN_MODULES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ownmods", raising=False)
+    yield tmp_path
+    sys.modules.pop("ownmods", None)
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_no_experiment_gives_a_module_of_your_own_its_model_settings(experiment):
+    (cfg,) = compose_all([f"experiment={experiment}", "~model", "+model._target_=ownmods.Full"])
+    assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full"}
+    (cfg,) = compose_all([f"experiment={experiment}", "model=small_cnn"])  # the option's own settings
+    (plain,) = compose_all(["model=small_cnn"])
+    assert OmegaConf.to_container(cfg.model) == OmegaConf.to_container(plain.model)
+
+
+def test_a_module_of_your_own_gets_only_the_keys_you_give_it_with_or_without_an_experiment(own_modules):
+    # Not the experiment's learning rate, network or schedule: Full keeps its own lr default.
+    for base in ([], ["experiment=smoke"]):
+        common = [*base, "data=digits", f"out_root={own_modules / 'out'}"]
+        (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full"])
+        assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full"}
+        (cfg,) = preflight([*common, "~model", "+model._target_=ownmods.Full", "+model.hidden=16"])
+        assert OmegaConf.to_container(cfg.model) == {"_target_": "ownmods.Full", "hidden": 16}
+        (cfg,) = preflight([*common, "data._target_=ownmods.MyData"])
+        assert cfg.data._target_ == "ownmods.MyData"
+        assert set(cfg.data) == {"_target_", "batch_size", "eval_batch_size", "seed"}
+
+
+def test_the_hint_for_a_replaced_model_target_is_a_command_that_works(own_modules):
+    for base in ([], ["experiment=smoke"]):
+        common = [*base, "data=digits", f"out_root={own_modules / 'out'}"]
+        with pytest.raises(ConfigError) as info:
+            preflight([*common, "model._target_=ownmods.Full"])
+        message = str(info.value)
+        assert message.startswith("unknown key 'model.") and "Full accepts: hidden, lr" in message
+        hinted = message.split("; a module of your own: ")[1].split()
+        assert hinted == ["~model", "+model._target_=ownmods.Full"]
+        preflight([*common, *hinted])  # passes
+
+
+@pytest.mark.parametrize(
+    ("module", "hook", "use"),
+    [
+        ("NoTrainingStep", "training_step", "fit trains with it"),
+        ("NoConfigureOptimizers", "configure_optimizers", "fit builds the optimizer with it"),
+        ("NoValidationStep", "validation_step", "it logs val/acc after every epoch"),
+        ("NoTestStep", "test_step", "records the test/acc it logs"),
+    ],
+)
+def test_a_module_without_a_hook_the_app_needs_is_refused_before_anything_runs(module, hook, use, own_modules):
+    out = own_modules / "out"
+    with pytest.raises(ConfigError) as info:
+        preflight(["experiment=smoke", "~model", f"+model._target_=ownmods.{module}", f"out_root={out}"])
+    message = str(info.value)
+    assert message.startswith(f"model._target_='ownmods.{module}' is invalid; accepted: a LightningModule with ")
+    assert f"has no {hook}, which the app needs: " in message and use in message and "\n" not in message
+    assert not out.exists()

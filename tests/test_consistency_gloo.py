@@ -39,7 +39,7 @@ def test_round_figures_reach_the_logger(tmp_path):
     for row in logged:
         assert float(row["comm/round_seconds"]) > 0
         assert 0.0 <= float(row["comm/hidden_fraction"]) <= 1.0
-        assert float(row["comm/bytes"]) == (4 * 2 + 2) * 8  # Linear(4, 2) in float64
+        assert float(row["comm/payload_bytes"]) == float(row["comm/bytes_sent"]) == (4 * 2 + 2) * 8  # Linear(4, 2) in float64, a ring of 2
 
 
 def test_accumulation_counts_optimizer_steps(tmp_path):

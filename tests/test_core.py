@@ -254,6 +254,18 @@ def test_comm_stats_counts_overlapping_collectives_once():
     assert len(stats) == 3 and [r.launched_at for r in stats] == [0.0, 0.5, 3.0]
 
 
+def test_comm_stats_summary_tells_the_bytes_sent_from_the_payload():
+    from lightning_cocod.core import CommStats, RoundRecord
+
+    stats = CommStats()
+    # An int8 run: its first round is exact fp32, the next sends about a quarter of its payload.
+    stats.add(RoundRecord(0, 4, 1.0, 0.0, 400, 0.0, bytes_sent=400, bytes_received=400))
+    stats.add(RoundRecord(4, 8, 1.0, 0.0, 400, 2.0, bytes_sent=101, bytes_received=101, codec_seconds=0.01))
+    summary = stats.summary()
+    assert "bytes" not in summary  # a bare "bytes" was the payload, read as what was sent
+    assert (summary["bytes_sent"], summary["bytes_received"], summary["payload_bytes"]) == (501, 501, 800)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_has_nonfinite_agrees_with_an_elementwise_check(dtype):
     finfo = torch.finfo(dtype)

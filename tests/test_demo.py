@@ -48,9 +48,39 @@ def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     assert [r[4] for r in int8_rounds] == [fp32_bytes] + [int8_bytes] * (len(int8_rounds) - 1)
     # The table's last two columns: MB sent per round, codec seconds per round (and their share).
     cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")[-3:-1]] for row in table[2:]}
-    assert cells["S-SGD"] == ["n/a", "n/a"]
+    assert cells["S-SGD"] == ["-", "-"]
     assert cells["CoCoD-SGD tau=2 int8"][0] == f"{int8_bytes / 1e6:.3f}"
     assert float(cells["CoCoD-SGD tau=2 int8"][1].split()[0]) > 0 and "%)" in cells["CoCoD-SGD tau=2 int8"][1]
+
+
+def test_the_table_shows_a_dash_where_a_figure_does_not_apply():
+    specs = demo.parse_args(["--methods", "ssgd,pipe_sgd,local_sgd,cocod,cocod:int8", "--tau", "2"]).specs
+
+    def ranks(sent: float, codec: float, recorded: bool = True) -> list[dict]:
+        # What a worker records: 8 steps of 0.5 s, and each collective as [launch step, finish
+        # step, seconds, exposed seconds, bytes sent, bytes received, codec seconds].
+        rounds = [[k, k + 2, 0.1, 0.0, sent, sent, codec] for k in range(0, 8, 2)] if recorded else []
+        rank = {
+            "test_acc": 0.9, "timeline": [{"seconds": 4.0, "accuracy": 0.9}], "train_seconds": 4.0,
+            "step_ends": [0.5 * k for k in range(1, 9)], "tau": 2, "rounds": rounds,
+            "comm": {"comm_seconds": 0.4, "exposed_seconds": 0.1} if recorded else None,
+        }
+        return [rank, rank]
+
+    results = {
+        "ssgd": ranks(0, 0.0, recorded=False),  # Lightning's DDP: nothing recorded
+        "pipe_sgd": ranks(4e6, 0.0),  # a gradient all-reduce every step, recorded, but no rounds
+        "local_sgd": ranks(4e6, 0.0),
+        "cocod": ranks(4e6, 0.0),
+        "cocod:int8": ranks(1e6, 0.02),
+    }
+    table = demo.results_table(specs, results).splitlines()
+    assert "| MB sent/round | codec s/round (of its steps) |" in table[0]
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")[-3:-1]] for row in table[2:]}
+    assert cells["S-SGD"] == cells["Pipe-SGD"] == ["-", "-"]
+    assert cells["Local-SGD tau=2"] == cells["CoCoD-SGD tau=2"] == ["4.000", "-"]
+    # A round: 2 steps of the run's 0.5 s; the codec took 0.02 s of it.
+    assert cells["CoCoD-SGD tau=2 int8"] == ["1.000", "0.0200 (2.0%)"]
 
 
 @pytest.mark.parametrize(

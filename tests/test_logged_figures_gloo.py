@@ -69,7 +69,7 @@ def test_logged_round_figures_are_the_recorded_rounds(tmp_path, strategy, tau):
             min(1.0, max(0.0, 1 - total_exposed / total_comm)), abs=1e-6
         )
         assert row["comm/tau"] == tau
-        assert row["comm/bytes"] == (4 * 2 + 2) * 8  # Linear(4, 2) in float64
+        assert row["comm/payload_bytes"] == (4 * 2 + 2) * 8  # Linear(4, 2) in float64
 
 
 def toy_steps(ranks) -> int:

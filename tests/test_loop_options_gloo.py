@@ -72,6 +72,14 @@ def test_non_finite_values_are_skipped_on_request(tmp_path):
     assert final == final_1 and all(math.isfinite(v) for v in final)  # every rank finite, and the same
 
 
+def test_non_finite_values_are_averaged_on_request_as_ddp_does(tmp_path):
+    (skipped, final), (skipped_1, final_1) = results(run_ranks(poisoned, tmp_path, "allow"))
+    assert skipped == skipped_1 == []
+    # Rank 1's NaN went into the average: every rank ends with the same weights, NaN included.
+    assert not all(math.isfinite(v) for v in final)
+    torch.testing.assert_close(torch.tensor(final), torch.tensor(final_1), rtol=0, atol=0, equal_nan=True)
+
+
 def adaptive(rank):
     model = toy.initial_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=toy.LR)

@@ -35,7 +35,7 @@ def test_unsupported_options_are_named(cls):
         cls(average_buffers="yes")
     with pytest.raises(ValueError, match="start_method='thread'"):
         cls(start_method="thread")
-    with pytest.raises(ValueError, match="on_nonfinite='ignore' is not one of 'raise', 'skip'"):
+    with pytest.raises(ValueError, match="on_nonfinite='ignore' is not one of 'raise', 'skip', 'allow'"):
         cls(on_nonfinite="ignore")
 
 

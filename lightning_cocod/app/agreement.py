@@ -14,7 +14,7 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 
-from lightning_cocod.app.fit import to_plain
+from lightning_cocod.app.identity import to_plain
 
 
 class ConfigMismatch(RuntimeError):

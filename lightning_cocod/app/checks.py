@@ -43,6 +43,15 @@ APP_TRAINER_KEYS = {
     "default_root_dir": "out_root, name and run_id",
     "enable_checkpointing": "checkpoint.every_n_epochs, every_n_steps and every_n_minutes",
 }
+# What ``fit.fit_run`` calls on the model, and why.
+APP_HOOKS = {
+    "training_step": "fit trains with it",
+    "configure_optimizers": "fit builds the optimizer with it",
+    "validation_step": "it logs val/acc after every epoch, read by the progress line, the accuracy timeline "
+    "and target_accuracy",
+    "test_step": "after fit the app tests the model with it and records the test/acc it logs as the run's "
+    "test accuracy",
+}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -334,7 +343,7 @@ def _check_objects(cfg: DictConfig) -> None:
     from hydra.utils import get_object, instantiate
     from torch import nn
 
-    from lightning_cocod.app.fit import CALLBACKS
+    from lightning_cocod.app.callbacks import CALLBACKS
 
     for path, node in [*_target_nodes(cfg), ("trainer", cfg.trainer)]:
         try:
@@ -353,7 +362,7 @@ def _check_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    _build("model", instantiate, cfg.model, **stand_in)
+    _check_hooks(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
     _check_data(cfg, built["data"])
 
 
@@ -364,16 +373,25 @@ def _check_signature(path: str, target: Any, node: DictConfig) -> None:
     accepted = set(params) - {"self"} - (set(APP_TRAINER_KEYS) if path == "trainer" else set())
     extra = sorted(set(node) - accepted - {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
     if extra:
-        # The model group's keys are ClassifierModule's: a module of one's own starts from none; a
-        # datamodule of one's own needs data.batch_size (the global batch), the others can go.
-        hint = {
-            "model": f"; a module of your own: ~model +model._target_={node.get('_target_')}",
-            "data": f"; a datamodule of your own takes batch_size (drop the others: ~data.{extra[0]})",
-        }.get(path, "")
+        hint = ""
+        if path == "model" and set(extra) & _package_model_keys():
+            # Only the target replaced: the model group's keys are the package's module's.
+            hint = f"; a module of your own: ~model +model._target_={node._target_}"
+        elif path == "data":  # a datamodule of one's own needs data.batch_size, the others can go
+            hint = f"; a datamodule of your own takes batch_size (drop the others: ~data.{extra[0]})"
+        elif path == "model":
+            hint = f" (drop it: ~model.{extra[0]})"
         name = getattr(target, "__name__", str(target))
         raise ConfigError(
             f"unknown key '{path}.{extra[0]}'; {name} accepts: {', '.join(sorted(accepted))}{hint}"
         )
+
+
+def _package_model_keys() -> set[str]:
+    """The keys of the model group's options (ClassifierModule's); a module of one's own starts from none."""
+    from lightning_cocod.models import ClassifierModule
+
+    return set(inspect.signature(ClassifierModule).parameters)
 
 
 def _few_values(kind: Any) -> list[Any] | None:
@@ -399,6 +417,20 @@ def _check_few_values(hints: dict[str, Any], node: DictConfig) -> None:
                 "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v) for v in values
             )
             raise bad(f"trainer.{key}", value, f"one of {', '.join(words)}")
+
+
+def _check_hooks(target: str, model: Any) -> None:
+    """A module the app cannot run to the end (``fit.fit_run``: fit with validation, then test)
+    is refused here, before any worker trains it; what the steps log cannot be checked here."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+
+    if not isinstance(model, pl.LightningModule):
+        raise bad("model._target_", target, f"a LightningModule (it built a {type(model).__name__})")
+    for hook, use in APP_HOOKS.items():
+        if not is_overridden(hook, model):
+            accepted = f"a LightningModule with {', '.join(APP_HOOKS)}; {type(model).__name__} has no {hook}"
+            raise bad("model._target_", target, f"{accepted}, which the app needs: {use}")
 
 
 def _build(key: str, build: Any, *args: Any, **kwargs: Any) -> Any:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightning_cocod.app.files import resume_checkpoint
-from lightning_cocod.app.identity import condition, condition_id, measured, world_size
+from lightning_cocod.app.callbacks import CALLBACKS
+from lightning_cocod.app.identity import condition, condition_id, measured, to_plain
 from lightning_cocod.app.runs import load_runs, write_finished
 from lightning_cocod.app.speedup import speedup
 from lightning_cocod.trainer import build_trainer
@@ -43,47 +44,6 @@ def steady_step_seconds(step_ends: list[float], warmup: int, period: int) -> flo
         except ValueError:
             continue
     return None
-
-
-def _checkpoints(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
-    from lightning_cocod.callbacks import PeriodicCheckpoint
-
-    ckpt = cfg.checkpoint
-    if not (ckpt.every_n_epochs or ckpt.every_n_steps or ckpt.every_n_minutes):
-        return []
-    periods = {key: ckpt[key] for key in ("every_n_epochs", "every_n_steps", "every_n_minutes")}
-    return [PeriodicCheckpoint(job_dir / "checkpoints", **periods, resume_from=resume)]
-
-
-def _hetero(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
-    from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
-
-    hetero, callbacks = cfg.hetero, []
-    if hetero.proportional or hetero.batch_sizes is not None:
-        sizes = list(hetero.batch_sizes) if hetero.batch_sizes is not None else None
-        total = cfg.data.batch_size * world_size(cfg)
-        callbacks.append(ProportionalSampling(total, sizes, every_n_epochs=hetero.every_n_epochs))
-    if hetero.slowdown is not None:
-        callbacks.append(SimulatedSlowdown(list(hetero.slowdown)))
-    return callbacks
-
-
-def _progress(cfg: DictConfig, job_dir: Path, resume: str | None, title: str) -> list[Any]:
-    from lightning_cocod.callbacks import ProgressLine
-
-    if not cfg.progress_every_s:
-        return []
-    # The cpu/gpu launchers send the ranks' output to files: rank 0 writes the line for them.
-    path = progress_path(job_dir) if cfg.launcher.name in ("cpu", "gpu") else None
-    return [ProgressLine(title, every_s=cfg.progress_every_s, path=path)]
-
-
-# The callbacks the config asks for, by the key that configures them (``checks`` builds each).
-CALLBACKS = {"checkpoint": _checkpoints, "hetero": _hetero, "progress_every_s": _progress}
-
-
-def progress_path(job_dir: Path) -> Path:
-    return job_dir / "workers" / "progress.txt"
 
 
 def threads_per_rank(launcher: DictConfig, env: Mapping[str, str]) -> int:
@@ -221,10 +181,6 @@ def redact(value: Any, secret: str | None = None) -> Any:
     if isinstance(value, list):
         return [redact(v, secret) for v in value]
     return REDACTED if secret and isinstance(value, str) and secret in value else value
-
-
-def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]  # a DictConfig's is a dict
 
 
 def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_cocod import __version__
 from lightning_cocod.methods import PERIODIC, method_of_class
@@ -89,6 +89,10 @@ def run_name(method: str, tau: Any, workers: int, seed: int, variant: str | None
     period = f"-tau{tau}" if tau is not None else ""
     extra = "-" + variant.replace(", ", "-").replace(" ", "") if variant else ""
     return f"{method}{period}{extra}-w{workers}-s{seed}"
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]  # a DictConfig's is a dict
 
 
 def world_size(cfg: DictConfig) -> int:

@@ -31,8 +31,8 @@ from lightning_cocod.app.files import (
     newest_checkpoint,
     resume_checkpoint,
 )
-from lightning_cocod.app.fit import redact, to_plain
-from lightning_cocod.app.identity import make_identity, world_size
+from lightning_cocod.app.fit import redact
+from lightning_cocod.app.identity import make_identity, to_plain, world_size
 from lightning_cocod.app.preflight import config_dir, refuse
 from lightning_cocod.app.runs import load_runs, read_start, write_start
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
@@ -203,7 +203,8 @@ def _resume_hint(job_dir: Path, hydra_cfg: Any, multirun: bool) -> str | None:
 
 
 def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[str, Any]:
-    from lightning_cocod.app.fit import progress_path, threads_per_rank
+    from lightning_cocod.app.callbacks import progress_path
+    from lightning_cocod.app.fit import threads_per_rank
     from lightning_cocod.app.identity import NETNS_ENV, net_namespace
     from lightning_cocod.launch import launch_workers
     from lightning_cocod.launch.progress import ProgressRelay

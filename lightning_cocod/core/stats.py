@@ -11,7 +11,7 @@ class RoundRecord:
     finish_step: int  # optimizer steps completed when it was waited on
     comm_seconds: float  # launch to completion
     exposed_seconds: float  # time blocked waiting for it
-    nbytes: int  # payload of the collective (what each rank contributes)
+    nbytes: int  # the round's payload before any encoding (each rank's flat buffer), not what was sent
     launched_at: float = 0.0  # time.perf_counter() at launch
     bytes_sent: int = 0  # what this rank put on the wire (a ring all-reduce: 2 (N - 1) / N of nbytes)
     bytes_received: int = 0
@@ -65,6 +65,7 @@ class CommStats:
 
     @property
     def nbytes(self) -> int:
+        """The rounds' payloads before encoding; what went on the wire is ``summary()["bytes_sent"]``."""
         return sum(r.nbytes for r in self.rounds)
 
     @property
@@ -76,7 +77,8 @@ class CommStats:
             "rounds": len(self.rounds),
             "comm_seconds": self.comm_seconds,
             "exposed_seconds": self.exposed_seconds,
-            "bytes": self.nbytes,
+            # No bare "bytes": a compressed round's payload is not what it sent.
+            "payload_bytes": self.nbytes,
             "bytes_sent": sum(r.bytes_sent for r in self.rounds),
             "bytes_received": sum(r.bytes_received for r in self.rounds),
             "codec_seconds": sum(r.codec_seconds for r in self.rounds),

@@ -14,6 +14,7 @@ from torch.optim import SGD
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_cocod.models.nets import build_model
 from lightning_cocod.models.schedule import SCHEDULES, lr_factor
 
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
@@ -102,8 +103,6 @@ class ClassifierModule(pl.LightningModule):
         self.build_optimizer = optimizer or partial(SGD, momentum=momentum, nesterov=nesterov)
         if isinstance(net, str):
             _require(num_classes is not None, "num_classes", num_classes, "an int when net is a model name")
-            from lightning_cocod.models import build_model  # the package imports this module
-
             net = build_model(net, num_classes=num_classes, in_channels=in_channels)
         self.channels_last = channels_last
         # Module.to keeps each tensor's strides when it later moves the model to its device.

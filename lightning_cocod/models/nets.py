@@ -8,6 +8,8 @@ counts can be compared one to one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -151,3 +153,14 @@ class MNIST1DCNN(_FeaturesThenLinear):
             layers += [nn.Conv1d(cin, channels, kernel, stride, padding), nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels * out, num_classes)
+
+
+_MODELS = {"resnet18": ResNet18, "vgg16": VGG16, "small_cnn": SmallCNN, "mnist1d_cnn": MNIST1DCNN}
+MODEL_NAMES = tuple(_MODELS)
+
+
+def build_model(name: str, num_classes: int, in_channels: int = 3, **kw: Any) -> nn.Module:
+    """Builds a network by name; extra keyword arguments go to the constructor (e.g. ``width``)."""
+    if name not in _MODELS:
+        raise ValueError(f"unknown model name {name!r}; accepted names: {', '.join(MODEL_NAMES)}")
+    return _MODELS[name](num_classes=num_classes, in_channels=in_channels, **kw)

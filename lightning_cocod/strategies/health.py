@@ -2,7 +2,9 @@
 
 Every rank learns which ranks went bad at the same point (a flag per rank, summed by an
 all-reduce), then all raise ``NonFiniteError``, or with ``on_nonfinite="skip"`` the pending update
-is dropped and the bad workers restart from a healthy worker's model. The checks are methods of ``Rounds``.
+is dropped and the bad workers restart from a healthy worker's model. ``on_nonfinite="allow"``
+does what DDPStrategy does: the values are averaged and saved as they are. The checks are methods
+of ``Rounds``.
 """
 
 

@@ -48,6 +48,9 @@ from lightning_cocod.core.compress import CompressedMean, make_codec, ring_bytes
 from lightning_cocod.strategies.health import NonFiniteError
 
 log = logging.getLogger(__name__)
+# What a round does with NaN/Inf on a worker (``health``): stop every rank, drop the update and
+# restart the bad workers from a healthy one, or average and save them as DDPStrategy does.
+ON_NONFINITE = ("raise", "skip", "allow")
 
 
 class Rounds:
@@ -73,8 +76,9 @@ class Rounds:
         # model every round send it through ``round_comm``; consistency points stay exact.
         self.compressed: CompressedMean | None = None
         self.codec_comm: Any = None
-        if on_nonfinite not in ("raise", "skip"):
-            raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of 'raise', 'skip'")
+        if on_nonfinite not in ON_NONFINITE:
+            accepted = ", ".join(map(repr, ON_NONFINITE))
+            raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of {accepted}")
         if not isinstance(average_buffers, bool):
             raise TypeError(f"{owner}: average_buffers must be True or False, got {average_buffers!r}")
         self.owner = owner
@@ -261,7 +265,8 @@ class Rounds:
                 # Recovered (on_nonfinite="skip"): what was packed for the average is stale.
                 self.scratch_buffer().pack(self.tensors)
 
-        return average_blocking(self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, check, swap)
+        checked = check if self.on_nonfinite != "allow" else None  # saves a blocking collective
+        return average_blocking(self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, checked, swap)
 
     def flat_buffers(self) -> list[FlatBuffer]:
         """Every flat buffer held (the memory overhead, in model copies)."""
@@ -301,7 +306,7 @@ class Rounds:
         return {
             "comm/round_seconds": last.comm_seconds,
             "comm/exposed_seconds": last.exposed_seconds,
-            "comm/bytes": float(last.nbytes),
+            "comm/payload_bytes": float(last.nbytes),
             "comm/bytes_sent": float(last.bytes_sent),
             "comm/codec_seconds": last.codec_seconds,
             "comm/hidden_fraction": last.hidden_fraction,
@@ -319,9 +324,11 @@ class Rounds:
         """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
         (the caller then drops the pending update): workers that went non-finite take the model of
         a healthy one and restart their optimizer state (momentum would carry the NaN on); the
-        healthy keep theirs."""
+        healthy keep theirs. With ``"allow"`` nothing happens: the update goes on, as under DDP.
+        (The flags of ``"allow"`` still travel where they share a message with the round's figures
+        or queue behind its tensors: every option keeps the same collectives on every rank.)"""
         bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
-        if not bad:
+        if not bad or self.on_nonfinite == "allow":
             return False
         if self.on_nonfinite != "skip" or len(bad) == self.world_size:
             raise NonFiniteError(

@@ -363,7 +363,7 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                     f"{exposed:.3f}" if exposed is not None else "n/a",
                     f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
                     f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
-                    f"{f['buffer_copies']:.1f}", *round_cells(f, f.get("codec_share"), digits=2),
+                    f"{f['buffer_copies']:.1f}", *round_cells(f, f, f.get("codec_share"), digits=2),
                 ])
     headers = [
         *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",

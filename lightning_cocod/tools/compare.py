@@ -144,15 +144,20 @@ def round_figures(results: list[dict[str, Any]], from_step: int = 0) -> dict[str
     return figures
 
 
-def round_cells(figures: dict[str, Any], share: float | None, digits: int) -> list[str]:
-    """A table's "MB sent/round" and "codec s/round" cells from ``round_figures``: what one rank
-    sent per round, and the codec's seconds per round with ``share``, its part of the round's
-    compute, when known; n/a for DDP, whose buckets the strategy does not see."""
+def round_cells(run: dict[str, Any], figures: dict[str, Any], share: float | None, digits: int) -> list[str]:
+    """A table's "MB sent/round" and "codec s/round" cells of ``run`` (its ``method`` and
+    ``compression``) from ``round_figures``: what one rank sent per round, and the codec's seconds
+    per round with ``share``, its part of the round's compute, when known. "-" where the figure
+    does not apply: S-SGD and Pipe-SGD have no rounds (they all-reduce gradients every step), and
+    rounds sent uncompressed have no codec; n/a where it applies but was not recorded."""
+    if run["method"] not in methods.PERIODIC:
+        return ["-", "-"]
     sent, codec = figures.get("bytes_sent_per_round"), figures.get("codec_seconds_per_round")
-    if sent is None:
-        return ["n/a", "n/a"]
+    sent_cell = "n/a" if sent is None else f"{sent / 1e6:.{digits}f}"
+    if not run.get("compression"):
+        return [sent_cell, "-"]
     share_text = f" ({100 * share:.1f}%)" if share is not None else ""
-    return [f"{sent / 1e6:.{digits}f}", f"{codec:.{digits + 1}f}{share_text}" if codec is not None else "n/a"]
+    return [sent_cell, "n/a" if codec is None else f"{codec:.{digits + 1}f}{share_text}"]
 
 
 def run_method(

@@ -84,14 +84,32 @@ def hidden_share(results: list[dict[str, Any]]) -> str:
     return f"{100 * max(0.0, 1 - exposed / total):.0f}%" if total > 0 else "n/a"
 
 
-def round_columns(ranks: list[dict[str, Any]]) -> list[str]:
+def round_columns(spec: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
     """The run's ``round_cells``, the codec's share taken of the round's steps as the run took
     them (communication waits included)."""
     figures = round_figures(ranks)
     steps = len(ranks[0]["step_ends"])
     round_seconds = ranks[0]["tau"] * ranks[0]["train_seconds"] / steps if steps else 0.0
     codec = figures["codec_seconds_per_round"]
-    return round_cells(figures, codec / round_seconds if codec and round_seconds > 0 else None, digits=3)
+    return round_cells(spec, figures, codec / round_seconds if codec and round_seconds > 0 else None, digits=3)
+
+
+def results_table(specs: dict[str, dict[str, Any]], results: dict[str, list[dict[str, Any]]]) -> str:
+    """The demo's table: a row per method of ``specs`` from its ranks' ``results``."""
+    base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
+    rows = [
+        [
+            method_label(specs[method]), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
+            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks),
+            *round_columns(specs[method], ranks),
+        ]
+        for method, ranks in results.items()
+    ]
+    headers = [
+        "method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden", "MB sent/round",
+        "codec s/round (of its steps)",
+    ]
+    return markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,19 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "tau": args.tau,
     }
     results = {m: run_method({**spec, **args.specs[m]}, args.workers, args.rate, out) for m in args.specs}
-    base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
-    rows = [
-        [
-            method_label(args.specs[method]), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
-            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks), *round_columns(ranks),
-        ]
-        for method, ranks in results.items()
-    ]
-    headers = [
-        "method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden", "MB sent/round",
-        "codec s/round (of its steps)",
-    ]
-    table = markdown_table(headers, rows)
+    table = results_table(args.specs, results)
     print("\n" + table)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results))
