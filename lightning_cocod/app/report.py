@@ -110,7 +110,8 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("hidden", [m.get("hidden_fraction") for m in members]),
             **_stats("to_target", [m.get("time_to_target_seconds") for m in members]),
             **_stats("sent", [m.get("bytes_sent_per_round") for m in members], 1e-6),
-            **_stats("codec", [_per_round(m, "codec_seconds") for m in members]),
+            # Rounds sent uncompressed have no codec: no figure, not zero seconds.
+            **_stats("codec", [_per_round(m, "codec_seconds") for m in members if m.get("compression")]),
             **_stats("final", [final_accuracy(m) for m in members], 100),
             # Time to accuracy: S-SGD's final accuracy less the margin, and S-SGD's own final one.
             "level": level,
