@@ -1,4 +1,5 @@
-"""Classifiers (ResNet18, VGG16-BN, SmallCNN, the MNIST-1D CNN) and the LightningModule that trains them."""
+"""Classifiers (ResNet18, VGG16-BN, SmallCNN, the MNIST-1D CNN) and the LightningModule that trains them;
+a small GPT and its LightningModule."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from lightning_cocod.models.classifier import ClassifierModule
+from lightning_cocod.models.gpt import GPT, GPTModule
 from lightning_cocod.models.nets import MNIST1DCNN, VGG16, ResNet18, SmallCNN
 
 _MODELS = {"resnet18": ResNet18, "vgg16": VGG16, "small_cnn": SmallCNN, "mnist1d_cnn": MNIST1DCNN}
@@ -20,4 +22,6 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, **kw: Any) ->
     return _MODELS[name](num_classes=num_classes, in_channels=in_channels, **kw)
 
 
-__all__ = ["MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "ResNet18", "SmallCNN", "build_model"]
+__all__ = [
+    "GPT", "MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "GPTModule", "ResNet18", "SmallCNN", "build_model",
+]
