@@ -57,7 +57,8 @@ def main() -> None:
     with torch.no_grad():
         val_loss = F.cross_entropy(model(val[:, :-1]).transpose(1, 2), val[:, 1:]).item()
     if rank == 0:
-        print(f"final: val loss {val_loss:.4f} (unigram {source.unigram_loss:.4f}, optimum {source.optimum(BLOCK):.4f})")
+        bounds = f"unigram {source.unigram_loss:.4f}, optimum {source.optimum(BLOCK):.4f}"
+        print(f"final: val loss {val_loss:.4f} ({bounds})")
     dist.destroy_process_group()
 
 

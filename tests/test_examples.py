@@ -60,7 +60,8 @@ def final_val_loss(output: str) -> tuple[float, float, float]:
 
 
 def test_the_gpt_example_runs_under_torchrun_and_learns_the_text():
-    output = run(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "examples/gpt_loop_example.py")
+    example = "examples/gpt_loop_example.py"
+    output = run(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", example)
     loss, unigram, optimum = final_val_loss(output)
     assert optimum < loss < unigram - 0.2  # context used: well below the best context-free loss
 

@@ -144,7 +144,8 @@ def test_the_data_is_the_same_for_the_same_seed_and_different_for_another(monkey
 
     monkeypatch.setattr(socket, "socket", no_network)
     kwargs = {"num_train_blocks": 64, "num_val_blocks": 16, "num_test_blocks": 16, "block_size": 16}
-    a, b, c = MarkovTextDataModule(**kwargs), MarkovTextDataModule(**kwargs), MarkovTextDataModule(source_seed=7, **kwargs)
+    a, b = MarkovTextDataModule(**kwargs), MarkovTextDataModule(**kwargs)
+    c = MarkovTextDataModule(source_seed=7, **kwargs)
     for dm in (a, b, c):
         dm.setup()
     for name in ("train_tensors", "eval_tensors", "test_tensors"):
@@ -158,7 +159,9 @@ def test_the_data_is_the_same_for_the_same_seed_and_different_for_another(monkey
 
 
 def test_ranks_train_and_evaluate_on_disjoint_shards():
-    dm = MarkovTextDataModule(num_train_blocks=96, num_val_blocks=21, num_test_blocks=9, block_size=8, batch_size=8)
+    dm = MarkovTextDataModule(
+        num_train_blocks=96, num_val_blocks=21, num_test_blocks=9, block_size=8, batch_size=8
+    )
     dm.setup()
     world = 3
 

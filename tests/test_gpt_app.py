@@ -28,7 +28,8 @@ def test_the_gpt_experiments_pass_the_app_s_checks():
     assert study.optimizer._target_ == "torch.optim.AdamW" and list(study.optimizer.betas) == [0.9, 0.95]
     (smoke,) = preflight(["experiment=gpt_smoke"])
     assert smoke.launcher.devices == 2
-    with pytest.raises(ConfigError, match=r"^model: GPT: n_embd=30 is invalid; accepted: a multiple of n_head \(4\)$"):
+    refused = r"^model: GPT: n_embd=30 is invalid; accepted: a multiple of n_head \(4\)$"
+    with pytest.raises(ConfigError, match=refused):
         preflight(["experiment=gpt_smoke", "model.n_embd=30", "model.n_head=4"])
     with pytest.raises(ConfigError, match=r"^data: MarkovTextDataModule: block_size=2 is invalid"):
         preflight(["experiment=gpt_smoke", "data.block_size=2"])

@@ -42,7 +42,9 @@ class MarkovSource:
     values make each context more decisive (a lower entropy rate, larger steps between orders).
     """
 
-    def __init__(self, vocab_size: int = 27, order: int = 3, concentration: float = 8.0, seed: int = 0) -> None:
+    def __init__(
+        self, vocab_size: int = 27, order: int = 3, concentration: float = 8.0, seed: int = 0
+    ) -> None:
         owner = "MarkovSource"
         require(is_int(vocab_size) and 2 <= vocab_size <= len(ALPHABET), owner, "vocab_size", vocab_size,
                 f"an int from 2 to {len(ALPHABET)}")
@@ -53,7 +55,8 @@ class MarkovSource:
         ok = isinstance(concentration, (int, float)) and not isinstance(concentration, bool)
         require(ok and concentration > 0, owner, "concentration", concentration, "a positive number")
         require(is_int(seed) and seed >= 0, owner, "seed", seed, "an integer >= 0")
-        self.vocab_size, self.order, self.concentration, self.seed = vocab_size, order, float(concentration), seed
+        self.vocab_size, self.order, self.seed = vocab_size, order, seed
+        self.concentration = float(concentration)
         rng = np.random.default_rng([seed, 0])
         rows = np.full((1, vocab_size), 1.0 / vocab_size)
         for j in range(order + 1):  # j = 0: the unigram distribution, a draw around the uniform one
@@ -173,7 +176,8 @@ class MarkovTextDataModule(InMemoryDataModule):
         self.optimum = self.source.optimum(block_size)
 
     def _blocks(self, num_blocks: int, split: int) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks = torch.from_numpy(self.source.sample_blocks(num_blocks, self.block_size + 1, [self.source_seed, split]))
+        drawn = self.source.sample_blocks(num_blocks, self.block_size + 1, [self.source_seed, split])
+        blocks = torch.from_numpy(drawn)
         return blocks[:, :-1].contiguous(), blocks[:, 1:].contiguous()
 
     def setup(self, stage: str | None = None) -> None:
@@ -187,5 +191,6 @@ class MarkovTextDataModule(InMemoryDataModule):
         return (
             f"Markov text: {self.vocab_size} characters, order {self.source.order}; per character: unigram "
             f"{self.unigram_loss:.4f} nats, entropy rate {self.entropy_rate:.4f}, optimum over a block of "
-            f"{self.block_size} {self.optimum:.4f} (ppl {math.exp(self.unigram_loss):.3f} / {math.exp(self.optimum):.3f})"
+            f"{self.block_size} {self.optimum:.4f} (perplexities {math.exp(self.unigram_loss):.3f} and "
+            f"{math.exp(self.optimum):.3f})"
         )

@@ -36,7 +36,8 @@ class Block(nn.Module):
 
     def attention(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in self.qkv(x).split(c, 2))
+        heads = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in self.qkv(x).split(c, 2))
+        q, k, v = heads
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
@@ -127,8 +128,8 @@ class GPTModule(ClassifierModule):
     ) -> None:
         net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         super().__init__(
-            net, num_classes=vocab_size, lr=lr, momentum=0.0, weight_decay=weight_decay, no_decay_bn_bias=True,
-            warmup_epochs=warmup_epochs, schedule="cosine", max_epochs=max_epochs, scale_lr=scale_lr,
+            net, num_classes=vocab_size, lr=lr, momentum=0.0, weight_decay=weight_decay,
+            no_decay_bn_bias=True, warmup_epochs=warmup_epochs, schedule="cosine", max_epochs=max_epochs, scale_lr=scale_lr,
             base_batch_size=base_batch_size, global_batch_size=global_batch_size,
             optimizer=optimizer or partial(torch.optim.AdamW, betas=(0.9, 0.95)),
         )
