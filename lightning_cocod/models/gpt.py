@@ -129,8 +129,8 @@ class GPTModule(ClassifierModule):
         net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         super().__init__(
             net, num_classes=vocab_size, lr=lr, momentum=0.0, weight_decay=weight_decay,
-            no_decay_bn_bias=True, warmup_epochs=warmup_epochs, schedule="cosine", max_epochs=max_epochs, scale_lr=scale_lr,
-            base_batch_size=base_batch_size, global_batch_size=global_batch_size,
+            no_decay_bn_bias=True, warmup_epochs=warmup_epochs, schedule="cosine", max_epochs=max_epochs,
+            scale_lr=scale_lr, base_batch_size=base_batch_size, global_batch_size=global_batch_size,
             optimizer=optimizer or partial(torch.optim.AdamW, betas=(0.9, 0.95)),
         )
         # Token-weighted mean loss, gathered over the ranks: what the perplexity is the exp of.
