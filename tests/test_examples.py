@@ -74,7 +74,7 @@ def test_the_gpt_example_is_three_lines_added_to_a_script_that_runs_without_them
     without.write_text("".join(line for line in lines if line not in ours))
     # What is left uses the package's network and text source, none of its training machinery.
     text = without.read_text()
-    assert "CoCoD(" not in text and "cocod." not in text
+    assert "CoCoD(" not in text and "cocod.close" not in text
     for allowed in ("# lightning_cocod", "lightning_cocod.models.gpt", "lightning_cocod.data.markov"):
         text = text.replace(allowed, "")
     assert "lightning_cocod" not in text

@@ -85,7 +85,7 @@ def test_the_gpt_smoke_experiment_learns_on_two_cocod_workers(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     folder = out / "gpt_smoke" / "g1"
     record = json.loads((folder / "run.json").read_text())
-    assert record["world_size"] == 2 and record["method"] == "cocod" and record["rounds"] >= 1
+    assert record["workers"] == 2 and record["method"] == "cocod" and record["rounds"] >= 1
     assert record["steps"] == 2 * 1024 // 32  # 2 epochs of 1,024 blocks, 16 per rank x 2
     with open(folder / "csv" / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
