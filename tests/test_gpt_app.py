@@ -86,12 +86,12 @@ def test_the_gpt_smoke_experiment_learns_on_two_cocod_workers(tmp_path):
     folder = out / "gpt_smoke" / "g1"
     record = json.loads((folder / "run.json").read_text())
     assert record["workers"] == 2 and record["method"] == "cocod" and record["rounds"] >= 1
-    assert record["steps"] == 2 * 1024 // 32  # 2 epochs of 1,024 blocks, 16 per rank x 2
+    assert record["steps"] == 2 * 3200 // 32  # 2 epochs of 3,200 blocks, 16 per rank x 2
     with open(folder / "csv" / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     final = {k: float(v) for row in rows for k, v in row.items() if k.startswith("test/") and v}
     val = [float(row["val/loss"]) for row in rows if row.get("val/loss")]
-    data = MarkovTextDataModule(block_size=32, num_train_blocks=1024, num_val_blocks=128, num_test_blocks=128)
+    data = MarkovTextDataModule(block_size=32, num_train_blocks=3200, num_val_blocks=128, num_test_blocks=128)
     # Learnt: below what the best context-free guess (the unigram distribution) can reach, never
     # below what the source itself reaches, and the perplexity is the loss's exp.
     assert len(val) == 2 and val[-1] < data.unigram_loss
