@@ -56,13 +56,14 @@ def compose_all(overrides: list[str]):
 
 def test_groups_have_the_options_the_layout_promises():
     assert set(options("strategy")) == {"cocod", "local_sgd", "pipe_sgd", "ssgd"}
-    assert {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn"} <= set(options("model"))
+    assert {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn", "gpt"} <= set(options("model"))
     # An experiment's model settings are the model option of its name.
     assert set(options("experiment")) <= set(options("model"))
-    assert set(options("data")) == {"cifar10", "cifar100", "digits", "mnist1d", "synthetic"}
+    assert set(options("data")) == {"cifar10", "cifar100", "digits", "mnist1d", "synthetic", "markov"}
     assert set(options("launcher")) == {"cpu", "gpu", "torchrun", "slurm"}
     assert set(options("logger")) == {"wandb", "csv", "none"}
-    assert {"resnet18_cifar10", "vgg16_cifar100", "smoke", "digits_cocod", "mnist1d"} <= set(options("experiment"))
+    experiments = {"resnet18_cifar10", "vgg16_cifar100", "smoke", "digits_cocod", "mnist1d", "gpt", "gpt_smoke"}
+    assert experiments <= set(options("experiment"))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -73,7 +74,7 @@ def test_every_option_composes_and_passes_the_checks(group):
         check(cfg)
 
 
-DATA_OF_MODEL = {"small_cnn": "data=digits", "mnist1d_cnn": "data=mnist1d"}
+DATA_OF_MODEL = {"small_cnn": "data=digits", "mnist1d_cnn": "data=mnist1d", "gpt": "data=markov"}
 
 
 def test_every_target_instantiates(tmp_path):
@@ -106,6 +107,7 @@ RECIPE_MODES = {
     "smoke.sh": [""],
     "mnist1d_study.sh": [""],
     "time_to_accuracy.sh": [""],
+    "gpt_study.sh": [""],
 }
 
 

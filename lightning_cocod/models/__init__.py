@@ -1,6 +1,10 @@
-"""Classifiers (ResNet18, VGG16-BN, SmallCNN, the MNIST-1D CNN) and the LightningModule that trains them."""
+"""Classifiers (ResNet18, VGG16-BN, SmallCNN, the MNIST-1D CNN) and the LightningModule that trains them;
+a small GPT and its LightningModule."""
 
 from lightning_cocod.models.classifier import ClassifierModule
 from lightning_cocod.models.nets import MNIST1DCNN, MODEL_NAMES, VGG16, ResNet18, SmallCNN, build_model
+from lightning_cocod.models.gpt import GPT, GPTModule
 
-__all__ = ["MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "ResNet18", "SmallCNN", "build_model"]
+__all__ = [
+    "GPT", "MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "GPTModule", "ResNet18", "SmallCNN", "build_model",
+]

@@ -26,11 +26,13 @@ def param_groups(net: nn.Module, weight_decay: float, no_decay_bn_bias: bool) ->
     not regularise the function (Goyal et al. 2017, "Accurate, Large Minibatch SGD", sec. 5.1)."""
     if not no_decay_bn_bias:
         return [{"params": [p for p in net.parameters() if p.requires_grad], "weight_decay": weight_decay}]
-    decay, no_decay = [], []
+    decay, no_decay, seen = [], [], set()
     for module in net.modules():
         for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad:
+            # A tied weight (GPT's embedding and output layer) is one parameter of two modules.
+            if not p.requires_grad or id(p) in seen:
                 continue
+            seen.add(id(p))
             (no_decay if isinstance(module, _NORM_TYPES) or name == "bias" else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
