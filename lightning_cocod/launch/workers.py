@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod._files import atomic_write
+from lightning_cocod._files import atomic_write, open_to_write
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.launch.cluster import Link, network
 from lightning_cocod.launch.netns import Terminated, signals_deferred, terminate
@@ -171,7 +171,9 @@ def _start(
         "LOCAL_RANK": str(rank), "NODE_RANK": "0", RESULT_ENV: str(log_dir / _RESULT.format(rank)),
         **link.rank_env(rank),  # MASTER_ADDR and the interface gloo must use, per the topology
     }
-    with open(log_dir / f"rank{rank}.stdout", "wb") as out, open(log_dir / f"rank{rank}.stderr", "wb") as err:
+    # The run's folder may be one others can write: a log never goes through a link planted in its place.
+    stdout, stderr = (open_to_write(log_dir / f"rank{rank}.{stream}") for stream in ("stdout", "stderr"))
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
         return subprocess.Popen(
             link.wrap(cmd, rank), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True, preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
