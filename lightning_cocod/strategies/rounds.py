@@ -394,11 +394,16 @@ class Rounds:
         return {"class": self.owner, "steps": self.steps, "weight": self.weight}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise ValueError(f"{self.owner}: a state is the dict state_dict() returned, not {type(state).__name__}")
         if state.get("class") != self.owner:
             raise ValueError(
                 f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
             )
-        self.steps = state["steps"]
+        steps = state.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"{self.owner}: the state's steps={steps!r} is invalid; accepted: an integer >= 0")
+        self.steps = steps
 
     def rank_state(self) -> dict[str, Any]:
         """What resuming needs of this rank's own (the compressed rounds' reference and residuals)."""
@@ -408,7 +413,7 @@ class Rounds:
         saved = state.get("compression")
         if self.compressed is not None and saved is not None:
             try:
-                self.compressed.load_state_dict(saved)
+                self.compressed.load_state_dict(saved, self.scratch_buffer().buckets)  # the rounds' bucket sizes
             except ValueError as err:
                 raise ValueError(f"{self.owner}: {err}") from None
 
