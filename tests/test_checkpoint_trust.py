@@ -316,3 +316,28 @@ def test_a_checkpoint_that_shares_a_few_objects_still_saves_and_verifies(tmp_pat
     path = tmp_path / "shared.ckpt"
     atomic_save(TorchCheckpointIO(), {"a": groups, "b": groups, "w": torch.arange(4.0)}, path)
     verify_checkpoint(path)
+
+
+class RunsShell:
+    """Unpickled, runs a shell command that writes ``marker``: os.system, whose module torch blocks."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_calling_os_system_is_refused_in_the_packages_words(tmp_path):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(3)}, "payload": RunsShell(marker)}, evil)
+    with pytest.raises(CheckpointError) as err:
+        verify_checkpoint(evil)
+    assert one_line(err) == (
+        f"checkpoint {evil} is not plain data: loading it would call posix.system; refused, as checkpoints load "
+        f"as data only (if you trust this file and what it runs, name it in {TRUST_ENV})"
+    )
+    with pytest.raises(ConfigError, match="loading it would call posix.system"):
+        resume_checkpoint(OmegaConf.create({"checkpoint": {"resume": str(evil)}}), tmp_path)
+    assert not marker.exists()

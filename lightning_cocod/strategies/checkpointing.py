@@ -257,7 +257,9 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
 def _unreadable(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
-    code = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    # torch names the callable two ways: "Unsupported global: GLOBAL x.f" for a module it allows
+    # in general, "unsupported GLOBAL x.f whose module x is blocked" for os, posix, subprocess, ...
+    code = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", text)
     if code:
         return (
             f"checkpoint {where} is not plain data: loading it would call {code.group(1)}; refused, as "
