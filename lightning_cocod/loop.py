@@ -36,6 +36,12 @@ from lightning_cocod.strategies.rounds import Rounds
 _OWNER = "_lightning_cocod_loop"  # set on an optimizer while a loop object hooks it
 
 
+def check_weight(name: str, weight: Any) -> None:
+    """A rank's share of every average: None (the plain mean) or a number in (0, 1]."""
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
+        raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
+
+
 class _RoundsLoop:
     """What the three loop classes share; ``rounds_class`` is the algorithm."""
 
@@ -50,8 +56,7 @@ class _RoundsLoop:
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{name}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
-            raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
+        check_weight(name, weight)
         self.rounds = self.rounds_class(name, **options)
         self.rounds.weight = weight
         self.model, self.optimizer, self.group = model, optimizer, group
