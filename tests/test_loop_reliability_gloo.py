@@ -108,3 +108,43 @@ def test_a_state_of_steps_that_are_no_count_is_refused_in_one_line():
         loop.load_state_dict([state])
     loop.load_state_dict({**state, "steps": 3})
     assert loop._loaded["steps"] == 3
+
+
+def end_inside_a_round(rank, steps, codec):
+    """``steps`` steps of compressed CoCoD rounds of TAU; the average evaluation saw just before the
+    end, the final weights, and the rounds the figures hold."""
+    model = toy.initial_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=toy.LR, momentum=toy.MOMENTUM)
+    loop = CoCoD(model, optimizer, tau=TAU, compression=codec, timeout=20)
+    x, y = toy.rank_batches(rank, steps)
+    with loop:
+        for step in range(steps):
+            batch = slice(step * toy.BATCH, (step + 1) * toy.BATCH)
+            torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        with loop.averaged():
+            shown = toy.flat(model)
+    rounds = [(r.launch_step, r.finish_step) for r in loop.stats.rounds]
+    return shown, toy.flat(model), rounds, loop.stats.rounds[-1].bytes_sent
+
+
+@pytest.mark.parametrize("codec", ["int8", "bf16"])
+def test_the_end_of_compressed_rounds_is_the_exact_mean_evaluation_showed(tmp_path, codec):
+    # 6 steps: the end comes 2 steps into the second round, whose compressed average carries the
+    # codec's error; the end is the exact mean of the workers' models, what averaged() showed.
+    ranks = [p[1] for p in run_ranks(end_inside_a_round, tmp_path, 6, codec, timeout=100)]
+    shown, final, rounds, _ = ranks[0]
+    assert final == shown  # bit for bit: the same exact average of the same weights
+    assert ranks[1][1] == final and ranks[1][0] == shown
+    assert rounds == [(0, 4), (4, 6)]
+
+
+def test_a_round_launched_after_the_last_step_counts_in_the_figures(tmp_path):
+    # 8 steps: the loop launches a round after the 8th step, which the end waits for: it was sent,
+    # so it is among the rounds, of zero steps, with its bytes.
+    ranks = [p[1] for p in run_ranks(end_inside_a_round, tmp_path, 2 * TAU, "int8", timeout=100)]
+    for _, final, rounds, sent in ranks:
+        assert rounds == [(0, TAU), (TAU, 2 * TAU), (2 * TAU, 2 * TAU)]
+        assert sent > 0
+    assert ranks[0][1] == ranks[1][1]

@@ -161,8 +161,10 @@ class Rounds:
     def end_step(self) -> None:
         """After the optimizer step; ``steps`` already counts it."""
 
-    def flush(self) -> None:
-        """Finish whatever is in flight so the weights are this algorithm's current state."""
+    def flush(self, averaging_next: bool = False) -> None:
+        """Finish whatever is in flight so the weights are this algorithm's current state.
+        ``averaging_next``: every rank takes the exact average next (``sync``), which may stand
+        in for the average of what was in flight."""
 
     def abandon(self) -> None:
         """Forget what is in flight without waiting: a peer may be gone."""
@@ -353,7 +355,7 @@ class Rounds:
         if self.comm is None or not self.tensors:
             return
         self.unpark()
-        self.flush()
+        self.flush(averaging_next=True)
         self.average_now("synchronisation point")
         self.record_ready(force=True)
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
