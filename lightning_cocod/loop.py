@@ -30,10 +30,16 @@ from lightning_cocod.strategies.base import of_rounds
 from lightning_cocod.strategies.cocod import CoCoDRounds
 from lightning_cocod.strategies.local_sgd import LocalSGDRounds
 from lightning_cocod.strategies.pipe_sgd import PipeSGDRounds
-from lightning_cocod.strategies.reliability import parse_timeout
+from lightning_cocod.strategies.reliability import disagreement, parse_timeout
 from lightning_cocod.strategies.rounds import Rounds
 
 _OWNER = "_lightning_cocod_loop"  # set on an optimizer while a loop object hooks it
+
+
+def check_weight(name: str, weight: Any) -> None:
+    """A rank's share of every average: None (the plain mean) or a number in (0, 1]."""
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
+        raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
 
 
 class _RoundsLoop:
@@ -50,8 +56,7 @@ class _RoundsLoop:
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{name}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
-            raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
+        check_weight(name, weight)
         self.rounds = self.rounds_class(name, **options)
         self.rounds.weight = weight
         self.model, self.optimizer, self.group = model, optimizer, group
@@ -96,6 +101,12 @@ class _RoundsLoop:
             comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
             gloo = dist.new_group(ranks, timeout=self.timeout, backend="gloo")  # figures and flags, on the host
             control = TorchDistCommunicator(gloo, torch.device("cpu"))
+            try:
+                self._check_same_options(gloo)
+            except BaseException:
+                comm.destroy()
+                control.destroy()
+                raise
             if self.rounds.codec is not None:  # compressed rounds' exchange, on a thread of its own
                 codec_comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
         self.rounds.attach(
@@ -163,6 +174,20 @@ class _RoundsLoop:
         self.rounds.steps += 1
         self.rounds.run(self.rounds.end_step)
         self.rounds.run(self.rounds.begin_step)
+
+    def _check_same_options(self, group: dist.ProcessGroup) -> None:
+        """Ranks given different options would make different collectives: gloo aborts a rank
+        (SIGABRT) on mismatched compressed payloads, and other mismatches end in the timeout,
+        blaming a dead or stalled peer. Compared before any collective that depends on them, as
+        the app compares its ranks' configs (``app.agreement``); a rank's own weight may differ."""
+        mine = {"class": type(self).__name__, **self.rounds.options()}
+        adaptive = getattr(self.rounds, "adaptive", None)
+        if adaptive is not None:  # tau="auto": each rank would bound the agreed period by its own limits
+            mine |= {"tau_min": adaptive.tau_min, "tau_max": adaptive.tau_max}
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, mine, group=group)
+        if problem := disagreement(gathered, "every rank must be given the same options"):
+            raise ValueError(f"{type(self).__name__}: {problem}")
 
     def _check_same_start(self) -> None:
         """Workers that start apart would average unrelated models: refused on every rank alike.

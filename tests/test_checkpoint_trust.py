@@ -5,6 +5,7 @@ file times say, and Lightning's HPC checkpoints find their own files. In-process
 app's refusal in a subprocess of its own."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from omegaconf import OmegaConf
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from lightning_cocod import CheckpointError, CoCoDStrategy
+from lightning_cocod.app.checks import ConfigError
 from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
 from lightning_cocod.strategies.checkpointing import (
     DIGEST_SUFFIX,
@@ -261,3 +263,81 @@ def test_lightnings_hpc_save_and_resume_find_their_own_files(tmp_path):
     model = ToyRegression(steps=8, out_dir=str(tmp_path / "second"))
     resumed.fit(model, ckpt_path="hpc")
     assert resumed.ckpt_path == str(root / "hpc_ckpt_2.ckpt") and resumed.global_step == 6
+
+
+# -- a file whose object graph no digest can walk --------------------------------------------------
+
+
+def _with_record(path: Path, content: dict) -> Path:
+    """``content`` saved with a record of well-formed digests: the check walks its entries in order."""
+    torch.save({**content, INTEGRITY_KEY: {"sha256": {k: "0" * 64 for k in content}}}, path)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_a_graph_of_shared_references_is_refused_at_once_not_walked_forever(tmp_path):
+    shared: list = []
+    for _ in range(40):  # a few hundred bytes of pickle, 2**40 paths to the innermost list
+        shared = [shared, shared]
+    path = _with_record(tmp_path / "bomb.ckpt", {"hyper_parameters": shared, "state_dict": {"w": torch.ones(2)}})
+    assert path.stat().st_size < 10_000
+    with pytest.raises(CheckpointError) as err:
+        verify_checkpoint(path)
+    assert re.fullmatch(
+        rf"checkpoint {re.escape(str(path))} is no checkpoint of ours or Lightning's: its \d+ containers are reached "
+        r"by 2\.2e\+12 paths \(objects shared over and over\); refused",
+        one_line(err),
+    )
+    # the app's check before any worker starts says the same, as a config error
+    with pytest.raises(ConfigError, match=r"containers are reached by 2\.2e\+12 paths"):
+        resume_checkpoint(OmegaConf.create({"checkpoint": {"resume": str(path)}}), tmp_path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("record", [True, False])
+def test_a_list_that_contains_itself_or_nests_too_deep_is_refused_in_one_line(tmp_path, record):
+    looped: list = [1]
+    looped.append(looped)
+    deep: list = []
+    for _ in range(150):
+        deep = [deep]
+    save = _with_record if record else lambda p, c: (torch.save(c, p), p)[1]
+    for value, problem in ((looped, "it contains itself (a list inside its own content)"), (deep, "it is nested more than 100 containers deep")):
+        path = save(tmp_path / "odd.ckpt", {"hyper_parameters": {"x": value}, "state_dict": {}})
+        with pytest.raises(CheckpointError) as err:
+            verify_checkpoint(path)
+        assert one_line(err) == f"checkpoint {path} is no checkpoint of ours or Lightning's: {problem}; refused"
+        with pytest.raises(ConfigError, match="contains itself|nested more than"):
+            resume_checkpoint(OmegaConf.create({"checkpoint": {"resume": str(path)}}), tmp_path)
+
+
+def test_a_checkpoint_that_shares_a_few_objects_still_saves_and_verifies(tmp_path):
+    groups = [{"lr": 0.1, "params": [0, 1]}]
+    path = tmp_path / "shared.ckpt"
+    atomic_save(TorchCheckpointIO(), {"a": groups, "b": groups, "w": torch.arange(4.0)}, path)
+    verify_checkpoint(path)
+
+
+class RunsShell:
+    """Unpickled, runs a shell command that writes ``marker``: os.system, whose module torch blocks."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_calling_os_system_is_refused_in_the_packages_words(tmp_path):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(3)}, "payload": RunsShell(marker)}, evil)
+    with pytest.raises(CheckpointError) as err:
+        verify_checkpoint(evil)
+    assert one_line(err) == (
+        f"checkpoint {evil} is not plain data: loading it would call posix.system; refused, as checkpoints load "
+        f"as data only (if you trust this file and what it runs, name it in {TRUST_ENV})"
+    )
+    with pytest.raises(ConfigError, match="loading it would call posix.system"):
+        resume_checkpoint(OmegaConf.create({"checkpoint": {"resume": str(evil)}}), tmp_path)
+    assert not marker.exists()

@@ -235,6 +235,11 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["launcher.topology=star"], "launcher.topology='star' is invalid; accepted: loopback or pernode"),
         (["data.root=/nonexistent"], "data.root='/nonexistent' is invalid; accepted: a folder holding"),
         (["max_epochs=null"], "max_epochs=None is invalid"),
+        (["seed=-1"], "seed=-1 is invalid; accepted: an integer from 0 to 4294967295"),
+        (["seed=4294967296"], "seed=4294967296 is invalid; accepted: an integer from 0 to 4294967295"),
+        (["max_steps=0"], "max_steps=0 is invalid; accepted: a positive integer, or -1"),
+        (["max_steps=-7"], "max_steps=-7 is invalid; accepted: a positive integer, or -1"),
+        (["max_epochs=0"], "max_epochs=0 is invalid; accepted: a positive integer, or null"),
         (
             ["strategy.tau=often"],
             "strategy: CoCoDStrategy: tau must be a positive integer or 'auto', got 'often'",

@@ -5,12 +5,16 @@ another world size is refused in one line."""
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from lightning_fabric.plugins.io import TorchCheckpointIO
 
+from lightning_cocod.strategies.checkpointing import INTEGRITY_KEY, TRUST_ENV, atomic_save
 from tests.helpers import toy
+from tests.helpers.checkpoints import flip_byte_inside
 from tests.test_loop_gloo import SAVE_AT, TAU, WORLD, batches, sgd
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -81,6 +85,16 @@ def test_a_run_resumed_from_fabric_save_mid_round_ends_bit_for_bit(tmp_path, met
         assert not torch.equal(torch.cat(residuals[0]), torch.cat(residuals[1]))  # each rank's own
 
 
+class RunsSystem:
+    """Unpickled, runs a shell command that writes ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
 def other_files(fabric, out, plain, other_size):
     """Two steps, a save, a step and a load of that save; a plain Fabric file loaded; a step; the
     save loaded once it says it comes from 3 ranks; a step. The loop's step count after each."""
@@ -106,24 +120,41 @@ def other_files(fabric, out, plain, other_size):
     step(*data[2])
     fabric.load(other_size, state)  # back to step 2
     steps = [loop.steps]
+    flipped, evil = Path(other_size).with_name("flipped.pt"), Path(other_size).with_name("evil.pt")
     if fabric.global_rank == 0:
         saved = torch.load(other_size, weights_only=True)
+        assert INTEGRITY_KEY in saved  # the save carries its record, as the Trainer strategies' do
+        flipped.write_bytes(Path(other_size).read_bytes())
+        flip_byte_inside(flipped, saved["model"]["weight"])
+        torch.save({"model": saved["model"], "payload": RunsSystem(Path(out, "marker"))}, evil)
+        del saved[INTEGRITY_KEY]
         saved["lightning_cocod"]["world_size"] = 3
-        torch.save(saved, other_size)
+        atomic_save(TorchCheckpointIO(), saved, other_size)  # whole, with a record: refused for its size alone
     fabric.barrier()
+    refusals = []
+    for path in (flipped, evil):
+        try:
+            fabric.load(path, state)
+        except ValueError as err:
+            refusals.append(str(err))
     fabric.load(plain, state)
     loaded = [toy.flat(model), optimizer.state_dict()["state"][0]["momentum_buffer"].tolist()]
     steps.append(loop.steps)
     step(*data[3])  # the loop is entered again: the step counts
     steps.append(loop.steps)
+    before = [toy.flat(model), optimizer.state_dict()["state"][0]["momentum_buffer"].tolist()]
     try:
         fabric.load(other_size, state)
         refused = None
     except ValueError as err:
         refused = str(err)
+    untouched = before == [toy.flat(model), optimizer.state_dict()["state"][0]["momentum_buffer"].tolist()]
     step(*data[4])  # refused, the load leaves the loop running
     steps.append(loop.steps)
-    result = {"steps": steps, "loaded": loaded, "warnings": warnings, "refused": refused}
+    result = {
+        "steps": steps, "loaded": loaded, "warnings": warnings, "refused": refused, "untouched": untouched,
+        "refusals": refusals,
+    }
     Path(out, f"rank{fabric.global_rank}.json").write_text(json.dumps(result))
 
 
@@ -148,10 +179,19 @@ def test_a_plain_fabric_file_loads_and_another_world_size_is_refused(tmp_path):
     for rank in ranks:
         assert rank["steps"] == [2, 2, 3, 4]  # a file of no loop state of ours leaves the count running
         assert rank["loaded"] == [toy.flat(model), momentum]
+        assert rank["untouched"]  # the refusal came before anything of the file was loaded
+        flipped, evil = tmp_path / "flipped.pt", tmp_path / "evil.pt"
+        assert rank["refusals"] == [
+            f"checkpoint {flipped} is damaged: its entry 'model' does not match the SHA-256 recorded when it was "
+            "written; resume from another checkpoint",
+            f"checkpoint {evil} is not plain data: loading it would call posix.system; refused, as checkpoints load as "
+            f"data only (if you trust this file and what it runs, name it in {TRUST_ENV})",
+        ]
         assert rank["refused"] == (
             f"CoCoDFabricStrategy: {other_size} was saved by 3 ranks, this run has 2: each rank's optimizer and "
             "round state is its own; resume on as many ranks"
         )
+    assert not (out / "marker").exists()
     assert ranks[0]["warnings"] == [
         (
             f"{plain} holds no rank's own state (a plain Fabric file): every rank takes rank 0's optimizer state, "
@@ -162,3 +202,19 @@ def test_a_plain_fabric_file_loads_and_another_world_size_is_refused(tmp_path):
     filtered = torch.load(tmp_path / "filtered.pt", weights_only=True)
     assert set(filtered["optimizer"]) == {"param_groups"}
     assert [set(r["optimizers"]["optimizer"]) for r in filtered["lightning_cocod"]["ranks"]] == [{"param_groups"}] * WORLD
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"start_method": "bogus"}, "start_method='bogus' is invalid; accepted: popen, spawn, fork, forkserver"),
+        ({"weight": 2.0}, "weight=2.0 is invalid; accepted: None (the plain mean) or a number in (0, 1]"),
+        ({"process_group_backend": "bogus"}, "process_group_backend='bogus' is invalid; accepted: None (gloo on CPU, nccl on GPU) or one of gloo, nccl"),
+    ],
+)
+def test_fabric_strategy_options_are_refused_at_construction(options, message):
+    from lightning_cocod.fabric import CoCoDFabricStrategy
+
+    with pytest.raises(ValueError) as err:
+        CoCoDFabricStrategy(tau=TAU, **options)
+    assert str(err.value).startswith(f"CoCoDFabricStrategy: {message}") and "\n" not in str(err.value)

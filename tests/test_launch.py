@@ -472,3 +472,49 @@ def test_workers_never_import_from_the_current_folder(tmp_path, shadow):
     with pytest.raises(WorkerFailed, match="rank 0 exited 0 but left no readable result"):
         launch_workers("lightning_cocod.launch.netns", 1, None, timeout_s=15, output_dir=tmp_path / "logs", cwd=tmp_path)
     assert not marker.exists()
+
+
+class _Counters:
+    """The kernel's OOM-kill counters as ``launch_workers`` reads them: ``after`` from the second read on."""
+
+    def __init__(self, before, after):
+        self.reads, self.before, self.after = 0, before, after
+
+    def __call__(self):
+        self.reads += 1
+        return self.before if self.reads == 1 else self.after
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("before", "after", "said"),
+    [
+        (
+            {"/cg/memory.events": 4}, {"/cg/memory.events": 5},
+            "rank 0 was killed by SIGKILL, probably out of memory (the kernel's OOM killer killed 1 process(es) of "
+            "this run's memory cgroup since the workers started); logs in ",
+        ),
+        ({"/cg/memory.events": 4}, {"/cg/memory.events": 4}, "rank 0 was killed by SIGKILL; logs in "),
+        (None, None, "rank 0 was killed by SIGKILL; logs in "),  # no counter readable: nothing is claimed
+    ],
+    ids=["oom-killer-struck", "it-did-not", "unreadable"],
+)
+def test_a_rank_killed_by_sigkill_is_said_to_be_out_of_memory_when_the_kernel_says_so(tmp_path, before, after, said):
+    counters = _Counters(before, after)
+    with pytest.raises(WorkerFailed) as info:
+        launch_workers(
+            str(HELPERS / "killed_worker.py"), 2, None, args=["60"], timeout_s=100, output_dir=tmp_path, grace_s=2,
+            read_oom_kills=counters,
+        )
+    assert str(info.value).startswith(said) and info.value.rank == 0
+    assert counters.reads >= 2  # read when the workers started, and when the rank died
+
+
+def test_the_oom_kill_counters_are_read_from_this_process_cgroups():
+    from lightning_cocod.launch.workers import oom_kill_counts
+
+    counts = oom_kill_counts()
+    if counts is None:
+        pytest.skip("no memory cgroup counter readable on this machine")
+    assert all(isinstance(n, int) and n >= 0 for n in counts.values())
+    assert all(path.endswith(("memory.events", "memory.oom_control")) for path in counts)

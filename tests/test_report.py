@@ -365,3 +365,48 @@ def test_time_to_accuracy_by_hand():
     assert any(line.startswith("| Local-SGD | 2 |") and "| never (1/2) | – | never |" in line for line in lines)
     assert any(line.startswith("| Pipe-SGD |") and "| 9.0 (2/3) | 2.44x |" in line for line in lines)
     assert any(line.startswith("| CoCoD-SGD | 2 | 2 | 100mbit |") and line.endswith("| 99.00 | – | – | – | – | – |") for line in lines)
+
+
+@pytest.mark.timeout(60)
+def test_hostile_records_are_each_skipped_and_named_and_no_link_is_written_through(tmp_path, capsys):
+    import os
+
+    write_runs(tmp_path / "out", RUNS)
+    bad = {
+        "nan/run.json": (json.dumps(dict(COCOD_A1, id="g/nan", test_acc=float("nan"))), "test_acc nan is not a number"),
+        "inf/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/inf", steady_step_seconds=float("inf"))), "steady_step_seconds inf is not a number"
+        ),
+        "nul/run.json": (json.dumps(dict(COCOD_A1, id="g/nul", group="a\0b")), "group 'a\\x00b' is not a name"),
+        "long/run.json": (json.dumps(dict(COCOD_A1, id="g/long", group="x" * 300)), "group 'xxxxxxxx"),
+        "deep/run.json": ("[" * 100_000 + "]" * 100_000, "its JSON is nested deeper than Python's parser goes"),
+    }
+    for name, (text, _) in bad.items():
+        (tmp_path / "out" / name).parent.mkdir(parents=True)
+        (tmp_path / "out" / name).write_text(text)
+    (tmp_path / "out" / "fifo").mkdir()
+    os.mkfifo(tmp_path / "out" / "fifo" / "run.json")  # a read would wait for a writer for ever
+    (tmp_path / "out" / "zero").mkdir()
+    (tmp_path / "out" / "zero" / "run.json").symlink_to("/dev/zero")  # a read would fill the memory
+    # A report's names planted as links to a file of someone else's: it must stay as it was.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the report's")
+    (tmp_path / "rep").mkdir()
+    for name in ("g.md", "g_speedup_vs_tau.png", "g_accuracy_vs_time.png"):
+        (tmp_path / "rep" / name).symlink_to(victim)
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("cocod-report: skipped ") for line in err), err
+    named = {line.removeprefix("cocod-report: skipped ").partition(": ")[0]: line for line in err}
+    expected = [*bad, "fifo/run.json", "zero/run.json"]
+    assert sorted(named) == sorted(str(tmp_path / "out" / name) for name in expected)
+    for name, (_, why) in bad.items():
+        assert why in named[str(tmp_path / "out" / name)]
+    assert "is not a regular file" in named[str(tmp_path / "out" / "fifo" / "run.json")]
+    assert "is not a regular file" in named[str(tmp_path / "out" / "zero" / "run.json")]
+    assert victim.read_text() == "not the report's"
+    for name in ("g.md", "g_speedup_vs_tau.png", "g_accuracy_vs_time.png"):
+        assert not (tmp_path / "rep" / name).is_symlink()
+    table = (tmp_path / "rep" / "g.md").read_text()
+    assert table.startswith(f"# g: {len(RUNS)} run(s)")
+    assert (tmp_path / "rep" / "g_speedup_vs_tau.png").read_bytes().startswith(b"\x89PNG")

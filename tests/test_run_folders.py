@@ -212,3 +212,73 @@ def test_a_read_only_checkpoint_folder_is_refused_before_any_worker_starts(tmp_p
         "checkpoints; accepted: a folder this user can write (another run_id, or out_root=...)"
     ]
     assert not (checkpoints.parent / "workers").exists()  # no worker started
+
+
+# -- no file of a run is written through a link planted in its place -------------------------------
+
+
+@pytest.mark.timeout(300)  # bounds a hang; torch's first import alone can take a minute on a loaded machine
+def test_no_file_the_package_writes_in_a_run_folder_goes_through_a_planted_link(tmp_path):
+    import torch
+    from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+    from lightning_cocod._files import open_to_write
+    from lightning_cocod.app.files import claim
+    from lightning_cocod.app.runs import JOB_CONFIG, JOB_IDENTITY, write_finished, write_start
+    from lightning_cocod.strategies.checkpointing import _temporary, atomic_save, verify_checkpoint
+
+    victim = tmp_path / "someone-elses.txt"
+    victim.write_text("theirs")
+
+    def plant(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(victim)
+
+    run = tmp_path / "run"
+    # The claim: a resume takes an existing claim over; a link in its place is no claim of a run.
+    plant(run / CLAIM)
+    for continuing in (True, False):
+        with pytest.raises(ConfigError) as err:
+            claim(run, continuing=continuing, key="run_id")
+        assert "\n" not in str(err.value)
+    assert str(err.value).startswith(f"run_id: {run} belongs to another run")
+    with pytest.raises(ConfigError, match=rf"^run_id: cannot claim {run}: {run / CLAIM} is a symbolic link, not a file of its own; accepted: "):
+        claim(run, continuing=True, key="run_id")
+    # The records and the workers' inputs, planted under their names and their temporaries' names.
+    names = [JOB_CONFIG, JOB_IDENTITY, "resolved.yaml", "run.json"]
+    for name in names:
+        plant(run / name)
+        plant((run / name).with_name(f".{Path(name).name}.{os.getpid()}.tmp"))
+    identity = {"version": "0.0", "git_commit": "unknown"}
+    write_start(run, {"seed": 1}, identity)
+    write_finished(run, {"seed": 1}, {**identity, "test_acc": 0.5})
+    for name in names:
+        assert not (run / name).is_symlink() and (run / name).stat().st_size > 0
+    assert json.loads((run / "run.json").read_text())["test_acc"] == 0.5
+    # A checkpoint, under its name and its temporary's.
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    plant(checkpoint)
+    plant(_temporary(checkpoint))
+    atomic_save(TorchCheckpointIO(), {"w": torch.ones(3), "global_step": 2}, checkpoint)
+    assert not checkpoint.is_symlink()
+    verify_checkpoint(checkpoint)
+    # A worker's log: a link is refused, a FIFO too (a writer would wait for a reader).
+    plant(run / "logs" / "rank0.stdout")
+    with pytest.raises(OSError, match=r"rank0.stdout is a symbolic link, not a file of its own$"):
+        open_to_write(run / "logs" / "rank0.stdout")
+    os.mkfifo(run / "logs" / "rank1.stdout")
+    with pytest.raises(OSError, match=r"rank1.stdout is not a regular file$"):
+        open_to_write(run / "logs" / "rank1.stdout")
+    assert victim.read_text() == "theirs"
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_place_of_a_claim_is_named_not_read_for_ever(tmp_path):
+    from lightning_cocod.app.files import claim
+
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / CLAIM)
+    with pytest.raises(ConfigError, match=r"belongs to another run"):
+        claim(tmp_path / "run", continuing=False, key="run_id")
+    with pytest.raises(ConfigError, match=rf"{CLAIM} is not a regular file; accepted: another run_id"):
+        claim(tmp_path / "run", continuing=True, key="run_id")

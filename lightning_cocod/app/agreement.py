@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig
 
 from lightning_cocod.app.identity import to_plain
+from lightning_cocod.strategies.reliability import disagreement
 
 
 class ConfigMismatch(RuntimeError):
@@ -29,18 +30,6 @@ def must_agree(cfg: DictConfig) -> dict[str, Any]:
         plain = to_plain(cfg[section])
         values.update({f"{section}.{k}": v for k, v in sorted(plain.items()) if k not in ("root", "timeout")})
     return values
-
-
-def disagreement(values: list[dict[str, Any]]) -> str | None:
-    """The first key on which a rank differs from rank 0, in words, or None."""
-    for key, mine in values[0].items():
-        for rank, other in enumerate(values[1:], start=1):
-            if other.get(key) != mine:
-                return (
-                    f"rank {rank} disagrees with rank 0 on {key}: {mine!r} on rank 0, "
-                    f"{other.get(key)!r} on rank {rank}; every rank must be started with the same config"
-                )
-    return None
 
 
 class SameConfig(pl.Callback):

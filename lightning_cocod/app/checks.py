@@ -231,6 +231,15 @@ def check(cfg: DictConfig) -> None:
         if not _SAFE_NAME.match(cfg[key]) or cfg[key] in (".", ".."):
             accepted = "a name of letters, digits and _ . = , + - other than . and .. (it names a folder"
             raise bad(key, cfg[key], f"{accepted} under out_root)")
+    # seed_everything seeds numpy too, whose seeds are 32-bit unsigned: outside them every worker
+    # dies once it has started, instead of here.
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**32:
+        raise bad("seed", cfg.seed, f"an integer from 0 to {2**32 - 1}")
+    # Zero is no bound the Trainer refuses: it trains nothing and writes the record of a finished run.
+    if cfg.max_steps != -1 and not _positive_int(cfg.max_steps):
+        raise bad("max_steps", cfg.max_steps, "a positive integer, or -1 (bounded by max_epochs alone)")
+    if cfg.max_epochs is not None and not _positive_int(cfg.max_epochs):
+        raise bad("max_epochs", cfg.max_epochs, "a positive integer, or null (bounded by max_steps alone)")
     if cfg.max_epochs is None and cfg.max_steps == -1:
         raise bad("max_epochs", None, "a positive integer, or set max_steps: without, training never stops")
     if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:

@@ -15,17 +15,20 @@ the kernel drops it when that process ends, however it ends).
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
 import re
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_cocod._files import not_regular, read_regular
 from lightning_cocod.app.checks import ConfigError, bad, first_line
 
 CLAIM = ".cocod-run"
@@ -38,7 +41,7 @@ _HELD: dict[Path, int] = {}
 def holder(folder: Path) -> str:
     """Who claimed ``folder``, in words, from its claim file ("" when it says nothing yet)."""
     try:
-        info = json.loads((folder / CLAIM).read_text())
+        info = json.loads(read_regular(folder / CLAIM, 1 << 16))  # a FIFO in its place would block a read
         started = datetime.datetime.fromtimestamp(info["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
         return f"started {started} by pid {info['pid']} on {info['host']}"
     except (OSError, ValueError, KeyError, TypeError):
@@ -60,8 +63,16 @@ def claim(folder: Path, continuing: bool, key: str) -> None:
         except FileExistsError:
             if not continuing:
                 raise _taken(folder, key, holder(folder)) from None
-            fd = os.open(path, os.O_RDWR)
+            # Without following a link planted in its place: truncating and writing it below
+            # would rewrite the link's target, a file of anyone's.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise not_regular(path)
     except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENXIO) or err.errno is None:  # no file of ours in the claim's place
+            accepted = f"another {key}, or a folder whose {CLAIM} is a run's claim file"
+            raise ConfigError(f"{key}: cannot claim {folder}: {not_regular(path)}; accepted: {accepted}") from None
         raise ConfigError(
             f"{key}: cannot claim {folder} ({err.strerror}); accepted: a folder this user can write"
         ) from None

@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lightning_cocod._errors import first_line
+from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of, variant_of
 from lightning_cocod.app.runs import load_runs
 from lightning_cocod.app.speedup import TARGET_MARGIN, Record, final_accuracy, median_time, speedup, ssgd_final, time_to
@@ -292,11 +295,16 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
 def write_report(group: str, runs: list[Record], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, stem, plots = summarise(runs), group.replace("/", "_"), []
-    for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
-        name = f"{stem}_{_IN_FILE_NAMES.get(y, y)}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
-        plots += [name] if plot(rows, x, y, out / name) else []
+    # Drawn aside, then put in place whole (atomic_write): a report folder others can write may
+    # hold a link under a report's name, and matplotlib would write through it to its target.
+    with tempfile.TemporaryDirectory(prefix="cocod-report-") as scratch:
+        for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
+            name = f"{stem}_{_IN_FILE_NAMES.get(y, y)}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
+            if plot(rows, x, y, Path(scratch, name)):
+                atomic_write(out / name, Path(scratch, name).read_bytes())
+                plots.append(name)
     path = out / f"{stem}.md"
-    path.write_text(markdown(group, runs, rows, plots))
+    atomic_write(path, markdown(group, runs, rows, plots))
     return path
 
 
@@ -325,9 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict[str, list[Record]] = defaultdict(list)
     for run in runs:
         groups[run.get("group") or "ungrouped"].append(run)
+    failed = False
     for group, members in sorted(groups.items()):
-        print(write_report(group, members, out))
-    return 0
+        try:  # one group's report that cannot be written costs that report alone
+            print(write_report(group, members, out))
+        except OSError as err:
+            print(f"cocod-report: error: group {group!r}: cannot write its report ({first_line(err)})", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ written, is passed over and named (``skipped``), and costs that record, never th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from lightning_cocod._errors import first_line
-from lightning_cocod._files import atomic_write
+from lightning_cocod._files import atomic_write, read_regular
+from lightning_cocod.app.checks import _SAFE_NAME
 from lightning_cocod.app.identity import code_of
 from lightning_cocod.app.speedup import Record
 from lightning_cocod.methods import METHODS
@@ -51,6 +53,8 @@ def write_finished(job_dir: Path, config: dict[str, Any], record: dict[str, Any]
 
 
 Skipped = Callable[[Path, str], None]
+_MAX_RECORD_BYTES = 64 << 20  # a run's record is kilobytes; its timeline one point per validation
+_GROUP_LENGTH = 200  # with the report's suffixes, within a file name's 255 bytes
 _NUMBERS = ("test_acc", "steady_step_seconds", "finished_at", "hidden_fraction", "time_to_target_seconds")
 _NUMBERS += ("bytes_sent_per_round", "codec_seconds")
 # The fields the report and the speedup rule compute with, by what they hold (None: null or missing).
@@ -66,6 +70,8 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
 
 
 def _wrong(value: object, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):  # Python's JSON reads NaN and Infinity
+        return True
     return not isinstance(value, kinds) or isinstance(value, bool)  # JSON's true is no number
 
 
@@ -79,6 +85,12 @@ def _problem(record: object) -> str | None:
         for key in keys:
             if _wrong(record.get(key), kinds) and (key, record.get(key)) != ("tau", "auto"):
                 return f"{key} {record.get(key)!r} is not {what}"
+    group = record.get("group")
+    # The report's files are named after it: a name the app could not have given may name no file
+    # (a NUL, more than a file name holds) or one elsewhere.
+    if group is not None and not (_SAFE_NAME.match(group.replace("/", "_")) and len(group) <= _GROUP_LENGTH):
+        shown = repr(group[:40]) + ("..." if len(group) > 40 else "")
+        return f"group {shown} is not a name of at most {_GROUP_LENGTH} letters, digits and _ . = , + -"
     points = record.get("timeline") or []
     if not isinstance(points, list) or not all(
         isinstance(p, dict)
@@ -103,9 +115,11 @@ def load_runs(paths: Iterable[Path], skipped: Skipped | None = None) -> list[Rec
     records = []
     for path in {p.resolve(): p for p in files}.values():  # a folder and a run inside it: the run once
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(read_regular(path, _MAX_RECORD_BYTES))
             why = _problem(record)
-        except (OSError, ValueError) as err:
+        except RecursionError:
+            why = "its JSON is nested deeper than Python's parser goes"
+        except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
             why = first_line(err)
         if why is None:
             records.append(record)

@@ -108,6 +108,18 @@ class CoCoDRound:
         return handle
 
 
+    def settle(self) -> Handle:
+        """Wait for the round and leave its average to the exact one that follows (a synchronisation
+        point): ``x <- (1 - lambda) snap + lambda x``, whose mean over the workers is the rule's
+        ``avg + lambda (x - snap)`` with the exact mean of the snapshots, whatever the round's own
+        average was (a compressed one carries the codec's error)."""
+        handle = self._landed("settle")
+        if self.progress != 1.0:
+            torch._foreach_mul_(self.tensors, self.progress)
+            torch._foreach_add_(self.tensors, self.snapshot.views, alpha=1.0 - self.progress)
+        return handle
+
+
 def average_blocking(
     tensors: Sequence[Tensor],
     scratch: FlatBuffer,

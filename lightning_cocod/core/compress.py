@@ -352,12 +352,34 @@ class CompressedMean:
             "sum_residuals": saved(self.sum_residuals),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("codec") != self.codec.name:
+    def load_state_dict(self, state: dict[str, Any], buckets: Sequence[Tensor]) -> None:
+        """Resume from ``state_dict()`` of a run whose rounds sent ``buckets`` (their sizes): a
+        state of another model or world size would otherwise fail at the first round's exchange,
+        where it reads as a network error."""
+        if not isinstance(state, dict) or state.get("codec") != self.codec.name:
+            codec = state.get("codec") if isinstance(state, dict) else None
             raise ValueError(
-                f"compression state for codec {state.get('codec')!r} cannot resume a run with "
+                f"compression state for codec {codec!r} cannot resume a run with "
                 f"compression={self.codec.name!r}; accepted: the codec the run was saved with"
             )
+        sizes = [b.numel() for b in buckets]
+        padded = [self._padded(n) for n in sizes]
+        expected = {
+            "reference": sizes, "residuals": padded, "sum_residuals": [n // self.world_size for n in padded]
+        }
+        for key, numels in expected.items():
+            tensors = state.get(key)
+            if tensors is None:
+                continue
+            fits = isinstance(tensors, list) and len(tensors) == len(numels) and all(
+                isinstance(t, Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
+                for t, n in zip(tensors, numels)
+            )
+            if not fits:
+                raise ValueError(
+                    f"compression state's {key} does not fit this run: accepted: {len(numels)} float32 tensors of "
+                    f"{', '.join(map(str, numels))} elements (this model's buckets on {self.world_size} ranks)"
+                )
         device = self.comm.device
 
         def loaded(tensors: list[Tensor] | None) -> list[Tensor] | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_cocod._files import atomic_write
+from lightning_cocod._files import atomic_write, open_to_write
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 from lightning_cocod.launch.cluster import Link, network
 from lightning_cocod.launch.netns import Terminated, signals_deferred, terminate
@@ -171,7 +171,9 @@ def _start(
         "LOCAL_RANK": str(rank), "NODE_RANK": "0", RESULT_ENV: str(log_dir / _RESULT.format(rank)),
         **link.rank_env(rank),  # MASTER_ADDR and the interface gloo must use, per the topology
     }
-    with open(log_dir / f"rank{rank}.stdout", "wb") as out, open(log_dir / f"rank{rank}.stderr", "wb") as err:
+    # The run's folder may be one others can write: a log never goes through a link planted in its place.
+    stdout, stderr = (open_to_write(log_dir / f"rank{rank}.{stream}") for stream in ("stdout", "stderr"))
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
         return subprocess.Popen(
             link.wrap(cmd, rank), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True, preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
@@ -205,9 +207,61 @@ def _tail(log_dir: Path, rank: int, lines: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _describe_exit(code: int) -> str:
+def oom_kill_counts() -> dict[str, int] | None:
+    """The kernel's OOM-kill counters of this process's memory cgroup and its ancestors, by file
+    (cgroup v2 ``memory.events``, v1 ``memory.oom_control``), or None where none can be read. An
+    ancestor's counter moves when its limit (a container's, a job's) is the one that was hit."""
+    counts: dict[str, int] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            places = [(Path("/sys/fs/cgroup"), "memory.events"), (Path("/sys/fs/cgroup/unified"), "memory.events")]
+        elif "memory" in controllers.split(","):
+            places = [(Path("/sys/fs/cgroup/memory"), "memory.oom_control")]
+        else:
+            continue
+        for root, name in places:
+            # Inside a cgroup namespace the mount's root is this cgroup itself: the path is not there.
+            folder = root / path.lstrip("/")
+            while True:
+                with contextlib.suppress(OSError, ValueError):
+                    for entry in (folder / name).read_text().splitlines():
+                        key, _, value = entry.partition(" ")
+                        if key == "oom_kill":
+                            counts[str(folder / name)] = int(value)
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+    return counts or None
+
+
+class _MemoryKills:
+    """Whether the kernel's OOM killer struck since the workers started: what a SIGKILL that
+    nobody here sent most often is, and what a user must be told to look at."""
+
+    def __init__(self, read: Callable[[], dict[str, int] | None]) -> None:
+        self.read = read
+        self.before = read()
+
+    def since(self) -> int:
+        after = self.read()
+        if self.before is None or after is None:
+            return 0
+        return max((after[k] - n for k, n in self.before.items() if k in after), default=0)
+
+
+def _describe_exit(code: int, memory: _MemoryKills | None = None) -> str:
     if code >= 0:
         return f"exited with code {code}"
+    if code == -signal.SIGKILL and memory is not None and (kills := memory.since()) > 0:
+        return (
+            f"was killed by SIGKILL, probably out of memory (the kernel's OOM killer killed {kills} process(es) "
+            "of this run's memory cgroup since the workers started)"
+        )
     with contextlib.suppress(ValueError):
         return f"was killed by {signal.Signals(-code).name}"
     return f"was killed by signal {-code}"
@@ -252,6 +306,7 @@ def launch_workers(
     topology: str = "loopback",
     latency: str | float | None = None,
     stop_grace_s: float = 300.0,
+    read_oom_kills: Callable[[], dict[str, int] | None] = oom_kill_counts,
 ) -> list[Any]:
     """Run `world_size` ranks of `target` over links shaped to `rate`.
 
@@ -270,6 +325,9 @@ def launch_workers(
     their checkpoint; once one does, the others get `stop_grace_s` to do the same, and
     WorkersPreempted is raised. SIGTERM/SIGHUP to this process is passed on to the workers with
     the same grace (they agree on a step and checkpoint), rather than killing them at once.
+
+    A rank killed by SIGKILL while ``read_oom_kills`` (the kernel's OOM-kill counters) went up is
+    said to be probably out of memory.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -288,6 +346,7 @@ def launch_workers(
         watched: list[int] = []
         pending: set[int] = set()
         setup = _child_setup_factory()
+        memory = _MemoryKills(read_oom_kills)
         try:
             # Held signals: an interrupt cannot leave a started worker out of `procs`, and the
             # waiter threads inherit the held mask, so the main thread alone handles Ctrl-C. A
@@ -302,7 +361,7 @@ def launch_workers(
                     threading.Thread(target=waiter, daemon=True, name=f"cocod-wait-rank{rank}").start()
                     watched.append(rank)
                     pending.add(rank)
-            _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s)
+            _wait(procs, exits, pending, timeout_s, log_dir, grace_s, on_tick, stop_grace_s, memory)
         except (Terminated, KeyboardInterrupt) as stop:
             # Ctrl-C too: the workers run in sessions of their own, so a terminal's SIGINT
             # reaches only this process; they are asked to stop as a preemption asks them, and
@@ -314,7 +373,7 @@ def launch_workers(
                 with contextlib.suppress(ProcessLookupError):
                     procs[rank].send_signal(signal.SIGTERM)
             try:
-                _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s)
+                _wait(procs, exits, pending, stop_grace_s, log_dir, grace_s, on_tick, stop_grace_s, memory)
             except WorkersPreempted as preempted:
                 preempted.interrupted = isinstance(stop, KeyboardInterrupt)
                 raise
@@ -358,7 +417,7 @@ def _exits(
 
 def _wait(
     procs: list[subprocess.Popen], exits: queue.Queue, pending: set[int], timeout_s: float, log_dir: Path,
-    grace_s: float, on_tick: Callable[[], None] | None, stop_grace_s: float,
+    grace_s: float, on_tick: Callable[[], None] | None, stop_grace_s: float, memory: _MemoryKills | None = None,
 ) -> None:
     """Until every rank in ``pending`` (updated in place) has exited; a rank that fails or stops on
     a preemption signal, or ``timeout_s`` passing, ends every worker and raises."""
@@ -374,7 +433,7 @@ def _wait(
                     str(log_dir),
                 )
             rank, code = failed[0] if failed else (min(pending), -signal.SIGKILL)
-            how = _describe_exit(code) if failed else "did not stop with it and was killed"
+            how = _describe_exit(code, memory) if failed else "did not stop with it and was killed"
             raise _failed(rank, code, f"a rank stopped on a preemption signal but rank {rank} {how}", log_dir)
         if code != 0:
             # Ranks that fail on their own soon after are usually reacting to this one (their
@@ -383,10 +442,10 @@ def _wait(
             while not exits.empty():  # this thread alone takes from it
                 other, other_code = exits.get_nowait()
                 if other_code != 0:
-                    also.append(f"rank {other} {_describe_exit(other_code)}")
+                    also.append(f"rank {other} {_describe_exit(other_code, memory)}")
             terminate(procs, grace_s)
             also_text = f" (also: {', '.join(also)})" if also else ""
-            raise _failed(rank, code, f"rank {rank} {_describe_exit(code)}{also_text}", log_dir)
+            raise _failed(rank, code, f"rank {rank} {_describe_exit(code, memory)}{also_text}", log_dir)
     if pending:
         terminate(procs, grace_s)
         running = sorted(pending)

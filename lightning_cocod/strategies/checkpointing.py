@@ -79,13 +79,66 @@ def gather_to_rank_zero(obj: Any, world_size: int) -> list[Any] | None:
 # -- integrity -------------------------------------------------------------------------------------
 
 
+# How far a digest may walk beyond the objects a value holds. A pickle can hold one object at many
+# places (a 300 KB file can reach one list by 2**40 paths), and the digest walks each place; our
+# checkpoints and Lightning's share little, so a value past this is no checkpoint of theirs.
+_MAX_PATHS_OVER_OBJECTS = 1_000_000
+_MAX_DEPTH = 100  # the digest recurses, and Python's limit (1000 frames, a fit's stack included) would end it
+
+
 def content_digest(value: Any) -> str:
     """SHA-256 of ``value`` as a checkpoint holds it: the same before saving and after loading,
     on any device and whatever storage a tensor shares, and different if one byte of a tensor
-    or one plain value changes."""
+    or one plain value changes. ``ValueError`` in one line for a value that contains itself, is
+    nested too deep, or reaches its objects by so many paths that digesting it would not end."""
+    _check_walkable(value)
+    return _digest(value)
+
+
+def _digest(value: Any) -> str:
     sha = hashlib.sha256()
     _feed(sha, value)
     return sha.hexdigest()
+
+
+def _check_walkable(value: Any) -> None:
+    """Counts the paths ``_feed`` would take through ``value`` by visiting each container once
+    (memoised by id), iteratively, so that the count itself cannot hang or overflow the stack."""
+    paths: dict[int, int] = {}  # id -> paths through it and below, once finished
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(value, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        children = _children(node)
+        if children is None:
+            continue
+        if done:
+            on_path.discard(id(node))
+            paths[id(node)] = 1 + sum(paths.get(id(c), 1) for c in children)
+            continue
+        if id(node) in on_path:
+            raise ValueError(f"it contains itself (a {type(node).__name__} inside its own content)")
+        if id(node) in paths:
+            continue
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"it is nested more than {_MAX_DEPTH} containers deep")
+        on_path.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children)
+    walked = paths.get(id(value), 1)
+    if walked > len(paths) + _MAX_PATHS_OVER_OBJECTS:
+        raise ValueError(
+            f"its {len(paths)} containers are reached by {walked:.3g} paths (objects shared over and over)"
+        )
+
+
+def _children(value: Any) -> list[Any] | None:
+    """The values ``_feed`` descends into, or None for a leaf."""
+    if isinstance(value, dict):
+        return [item for pair in value.items() for item in pair]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    return None
 
 
 def _feed(sha: Any, value: Any) -> None:
@@ -106,7 +159,7 @@ def _feed(sha: Any, value: Any) -> None:
         for item in value:
             _feed(sha, item)
     elif isinstance(value, (set, frozenset)):  # iteration order differs between processes
-        sha.update(f"{type(value).__qualname__} {sorted(content_digest(v) for v in value)}\n".encode())
+        sha.update(f"{type(value).__qualname__} {sorted(_digest(v) for v in value)}\n".encode())
     elif value is None or isinstance(value, (str, bytes, int, float, complex, torch.dtype, torch.device)):
         # repr: unambiguous (a string's newlines are escaped), and exact for floats
         sha.update(f"{type(value).__qualname__} {value!r}\n".encode())
@@ -130,7 +183,7 @@ def _check_integrity(where: str, checkpoint: dict[str, Any]) -> bool:
             problem = f"its entry {key!r} is missing"
         elif key not in digests:
             problem = f"it has an entry {key!r} that was not there when it was written"
-        elif content_digest(checkpoint[key]) != digests[key]:
+        elif _digest(checkpoint[key]) != digests[key]:  # walkable: read_checkpoint checked it
             problem = f"its entry {key!r} does not match the SHA-256 recorded when it was written"
         else:
             continue
@@ -179,6 +232,10 @@ def read_checkpoint(
         raise CheckpointError(_unreadable(where, err)) from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"checkpoint {where} holds a {type(checkpoint).__name__}, not a checkpoint")
+    try:  # before anything walks it: the digest, Lightning's loading, the caller's code
+        _check_walkable(checkpoint)
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {where} is no checkpoint of ours or Lightning's: {err}; refused") from None
     verified = _check_integrity(where, checkpoint) or (local and _check_legacy_digest(where))
     if not verified and warn_unverified:
         log.warning(
@@ -200,7 +257,9 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
 def _unreadable(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
-    code = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    # torch names the callable two ways: "Unsupported global: GLOBAL x.f" for a module it allows
+    # in general, "unsupported GLOBAL x.f whose module x is blocked" for os, posix, subprocess, ...
+    code = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", text)
     if code:
         return (
             f"checkpoint {where} is not plain data: loading it would call {code.group(1)}; refused, as "

@@ -154,13 +154,14 @@ class CoCoDRounds(Rounds):
             self._measured = (handle.comm_seconds, step_seconds, round_seconds)
         return (*self._measured, 1.0) if self._measured is not None else (0.0,) * (_FIGURES + 1)
 
-    def flush(self) -> None:
+    def flush(self, averaging_next: bool = False) -> None:
         if self.round is None or not self.round.pending:
             return
         if self.steps == self._launch_step:
             # Launched after the last step (a loop launches eagerly) and no step taken since: the
-            # weights are the snapshot, so the round is dropped rather than merged to no effect.
-            self.round.abandon()
+            # weights are the snapshot, so the round is not merged; it was sent all the same, and
+            # its bytes and time count in the figures like any round's.
+            self.record(self.round.abandon(), self._launch_step, self.round.nbytes)
             return
         if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
             self._launch_control()
@@ -180,7 +181,9 @@ class CoCoDRounds(Rounds):
             return
         merging = time.perf_counter()
         self.follow_model()  # the merge lands in the weights the model holds now
-        handle = self.round.finish()
+        # Before the synchronisation's exact average, the round's own is not merged: it would add
+        # a compressed round's error to the end (and the average makes an exact one redundant).
+        handle = self.round.settle() if averaging_next else self.round.finish()
         # The merge's own time: the host blocking in the wait for the model's all-reduce is
         # communication, not the round's work (on CUDA it is a stream dependency instead).
         self._round_cost += max(0.0, time.perf_counter() - merging - handle.blocked_seconds)

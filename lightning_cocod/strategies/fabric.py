@@ -13,16 +13,19 @@ import logging
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch.optim import Optimizer
 
-from lightning_cocod.loop import LOOPS
+from lightning_cocod.loop import LOOPS, check_weight
 from lightning_cocod.methods import METHODS
 from lightning_cocod.strategies.base import broadcast_from_rank_zero
-from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero
+from lightning_cocod.strategies.checkpointing import STATE_KEY, atomic_save, gather_to_rank_zero, read_checkpoint
 from lightning_cocod.strategies.namespaces import register
 from lightning_cocod.strategies.reliability import parse_timeout
 
 log = logging.getLogger(__name__)
+
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")  # Fabric's DDPStrategy's
 
 # Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
 _PASSED_ON = (
@@ -38,6 +41,16 @@ class _NothingToSkip:
         return contextlib.nullcontext()
 
 
+class _Read:
+    """Hands Fabric's loading a checkpoint that ``read_checkpoint`` has read and checked."""
+
+    def __init__(self, checkpoint: dict[str, Any]) -> None:
+        self.checkpoint = checkpoint
+
+    def load_checkpoint(self, path: Any, weights_only: Any = None) -> dict[str, Any]:
+        return self.checkpoint
+
+
 class FabricRounds:
     """Mixed in before a Fabric DDPStrategy class (see ``install``); ``loop_class`` is the algorithm."""
 
@@ -47,7 +60,16 @@ class FabricRounds:
         name = type(self).__name__
         passed = {k: options.pop(k) for k in _PASSED_ON if k in options}
         weight = options.pop("weight", None)
-        # The options are checked now, as the Trainer strategies check theirs.
+        # The options are checked now, as the Trainer strategies check theirs, not when the
+        # processes have started (a bogus start method, backend or weight failed only there).
+        if start_method not in _START_METHODS:
+            raise ValueError(f"{name}: start_method={start_method!r} is invalid; accepted: {', '.join(_START_METHODS)}")
+        backend = passed.get("process_group_backend")
+        backends = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+        if backend is not None and backend not in backends:
+            accepted = f"None (gloo on CPU, nccl on GPU) or one of {', '.join(backends)}"
+            raise ValueError(f"{name}: process_group_backend={backend!r} is invalid; accepted: {accepted}")
+        check_weight(name, weight)
         self.loop_class.rounds_class(name, **options)
         self._loop_options = {"weight": weight, **options}
         super().__init__(timeout=parse_timeout(name, timeout), start_method=start_method, **passed)
@@ -77,6 +99,7 @@ class FabricRounds:
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
+        """As Fabric saves, through ``atomic_save``: whole or absent, with its integrity record."""
         if self.loop is not None:
             # A synchronisation point, as the loop's state_dict() is: the weights saved are the
             # run's, but each rank's optimizer state (momentum stays local) and its part of the
@@ -90,11 +113,26 @@ class FabricRounds:
             if ranks:  # rank 0's own, not its copy: the file holds rank 0's optimizer tensors once
                 ranks[0] = mine
             state = {**state, STATE_KEY: {"world_size": self.world_size, "ranks": ranks}}
-        super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
+        state = self._convert_stateful_objects_in_state(state, filter=filter or {})  # Fabric's own conversion
+        if self.is_global_zero:
+            atomic_save(self.checkpoint_io, state, path, storage_options)
 
     def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None) -> Any:
+        """As Fabric loads, from the file read as data and checked whole (``read_checkpoint``, on
+        every rank), and nothing loaded when the file is refused (another world size included)."""
+        checkpoint = read_checkpoint(
+            path, lambda as_data: self.checkpoint_io.load_checkpoint(path, weights_only=as_data),
+            trust=weights_only is False, warn_unverified=self.global_rank == 0,
+        )
         if not isinstance(state, dict) or not state:  # the whole file, or a raw state dict: nothing of ours
-            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+            return self._load_read(path, checkpoint, state, strict)
+        saved = checkpoint.pop(STATE_KEY, None)
+        count = saved.get("world_size") if isinstance(saved, dict) else None
+        if saved is not None and count != self.world_size:  # refused before anything is loaded
+            raise ValueError(
+                f"{type(self).__name__}: {path} was saved by {count} ranks, this run has {self.world_size}: each "
+                "rank's optimizer and round state is its own; resume on as many ranks"
+            )
         # The round in flight started from the weights being replaced: the loop is left (a
         # synchronisation point, before they are) and entered again from the loaded ones.
         entered = self.loop is not None and self.loop.entered
@@ -105,8 +143,8 @@ class FabricRounds:
             self.loop.close()
             self.loop.load_state_dict(kept)
         try:
-            remainder = super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
-            self._restore_own(path, state, remainder.pop(STATE_KEY, None))
+            remainder = self._load_read(path, checkpoint, state, strict)
+            self._restore_own(path, state, saved)
         finally:  # loaded or refused (alike on every rank), the loop runs on from the weights the model holds
             if entered:
                 self.loop.__enter__()
@@ -121,11 +159,6 @@ class FabricRounds:
                     "state, and the rounds start afresh from the loaded weights"
                 )
             return
-        if saved["world_size"] != self.world_size:
-            raise ValueError(
-                f"{type(self).__name__}: {path} was saved by {saved['world_size']} ranks, this run has "
-                f"{self.world_size}: each rank's optimizer and round state is its own; resume on as many ranks"
-            )
         mine = saved["ranks"][self.global_rank]
         for key, obj in state.items():
             if isinstance(obj, Optimizer) and key in mine["optimizers"]:
@@ -134,6 +167,15 @@ class FabricRounds:
             self._loaded = mine["loop"]
         else:
             self.loop.load_state_dict(mine["loop"])
+
+    def _load_read(self, path: Any, checkpoint: dict[str, Any], state: Any, strict: bool) -> Any:
+        """Fabric's own restoring of ``state``, from ``checkpoint`` already read and checked."""
+        io = self.checkpoint_io
+        self.checkpoint_io = _Read(checkpoint)
+        try:
+            return super().load_checkpoint(path, state, strict=strict)
+        finally:
+            self.checkpoint_io = io
 
     def teardown(self) -> None:
         if self.loop is not None:

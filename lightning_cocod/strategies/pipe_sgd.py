@@ -65,7 +65,7 @@ class PipeSGDRounds(Rounds):
         self._health = launched_health
         self._launch_step = self.steps
 
-    def flush(self) -> None:
+    def flush(self, averaging_next: bool = False) -> None:
         if self._health is not None:
             self._health[0].wait()  # the flags of the gradients in flight, never applied
             self._health = None

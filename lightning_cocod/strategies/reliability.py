@@ -46,6 +46,19 @@ _STOP, _CHECKPOINT = 0, 1  # slots of the request flags
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+def disagreement(values: list[dict[str, Any]], remedy: str = "every rank must be started with the same config") -> str | None:
+    """The first key on which a rank differs from rank 0 (``values``: every rank's, gathered), in
+    words ending with ``remedy``, or None."""
+    for key, mine in values[0].items():
+        for rank, other in enumerate(values[1:], start=1):
+            if other.get(key) != mine:
+                return (
+                    f"rank {rank} disagrees with rank 0 on {key}: {mine!r} on rank 0, "
+                    f"{other.get(key)!r} on rank {rank}; {remedy}"
+                )
+    return None
+
+
 class WorkerLostError(RuntimeError):
     """A collective failed: another worker died or stalled, or the network broke."""
 

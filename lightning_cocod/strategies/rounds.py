@@ -165,8 +165,10 @@ class Rounds:
     def end_step(self) -> None:
         """After the optimizer step; ``steps`` already counts it."""
 
-    def flush(self) -> None:
-        """Finish whatever is in flight so the weights are this algorithm's current state."""
+    def flush(self, averaging_next: bool = False) -> None:
+        """Finish whatever is in flight so the weights are this algorithm's current state.
+        ``averaging_next``: every rank takes the exact average next (``sync``), which may stand
+        in for the average of what was in flight."""
 
     def abandon(self) -> None:
         """Forget what is in flight without waiting: a peer may be gone."""
@@ -360,7 +362,7 @@ class Rounds:
         if self.comm is None or not self.tensors:
             return
         self.unpark()
-        self.flush()
+        self.flush(averaging_next=True)
         self.average_now("synchronisation point")
         self.record_ready(force=True)
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
@@ -401,11 +403,16 @@ class Rounds:
         return {"class": self.owner, "steps": self.steps, "weight": self.weight}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise ValueError(f"{self.owner}: a state is the dict state_dict() returned, not {type(state).__name__}")
         if state.get("class") != self.owner:
             raise ValueError(
                 f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
             )
-        self.steps = state["steps"]
+        steps = state.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"{self.owner}: the state's steps={steps!r} is invalid; accepted: an integer >= 0")
+        self.steps = steps
 
     def rank_state(self) -> dict[str, Any]:
         """What resuming needs of this rank's own (the compressed rounds' reference and residuals)."""
@@ -415,7 +422,7 @@ class Rounds:
         saved = state.get("compression")
         if self.compressed is not None and saved is not None:
             try:
-                self.compressed.load_state_dict(saved)
+                self.compressed.load_state_dict(saved, self.scratch_buffer().buckets)  # the rounds' bucket sizes
             except ValueError as err:
                 raise ValueError(f"{self.owner}: {err}") from None
 
