@@ -32,3 +32,31 @@ def preflight(argv: Sequence[str]) -> list[DictConfig]:
     else:
         check_jobs(jobs, configs)
     return configs
+
+
+def recipe_jobs(recipe: str, cwd, env: dict[str, str], *args: str) -> tuple[list[DictConfig], list[str]]:
+    """The jobs a study recipe (``recipes/<recipe>``) runs, printed with DRY_RUN=1, each composed and
+    checked as the app does, in the order the app runs them with repeats left out; and the
+    arguments of its one ``cocod-report`` command."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from lightning_cocod.app.preflight import run_order
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    done = subprocess.run(
+        ["bash", str(recipes / recipe), *args],
+        cwd=cwd, env={**os.environ, "DRY_RUN": "1", **env}, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = [shlex.split(line) for line in done.stdout.splitlines()]
+    (report,) = [c for c in commands if c[0] == "cocod-report"]
+    jobs = []
+    for command in (c for c in commands if c[0] == "cocod-train"):
+        configs = preflight(["-m", *command[command.index("--multirun") + 1 :]])
+        order, repeats = run_order(configs)
+        jobs += [configs[n] for n in order if n not in repeats]
+    return jobs, report[1:]
