@@ -217,7 +217,7 @@ def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tm
     monkeypatch.setattr(bench, "run_method", fake_run_method)
     for argv, bound, name in (
         (["--tau-max", "64"], 64, "CoCoD-SGD tau=auto (tau_max 64)"),
-        ([], 1, "CoCoD-SGD tau=auto"),  # the strategy's default, SAFE_TAU_MAX
+        ([], 2, "CoCoD-SGD tau=auto"),  # the strategy's default, SAFE_TAU_MAX
     ):
         sent.clear()
         args = bench.parse_args([
@@ -238,7 +238,7 @@ def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
     raised = make_strategy("cocod", "auto", tau_max=64)
     assert raised.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
     default = make_strategy("cocod", "auto")
-    assert default.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 1
+    assert default.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 2
     with pytest.raises(ValueError, match="tau_max=64 bounds tau='auto' only; 'local_sgd' takes none"):
         make_strategy("local_sgd", 4, tau_max=64)
     with pytest.raises(ValueError, match="tau_min/tau_max bound tau='auto' only"):

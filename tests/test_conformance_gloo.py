@@ -300,7 +300,9 @@ class ManualToy(toy.ToyRegression):
 def test_manual_optimization_follows_the_update_rule(tmp_path):
     steps, tau = 10, 4
     model = ManualToy(steps, str(tmp_path))
-    trainer("cocod_fork", max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(model)
+    # A fixed period, as the reference's: the name's default is tau="auto", which follows timing.
+    strategy = lightning_cocod.CoCoDStrategy(tau=tau, start_method="fork")
+    trainer(strategy, max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(model)
     trajectory, final = toy.reference_cocod(WORLD, steps, tau)
     for r, record in enumerate(toy.read_ranks(tmp_path, WORLD)):
         want = torch.tensor([step[r] for step in trajectory], dtype=torch.float64)
@@ -379,9 +381,9 @@ def reference(name: str, steps: int, tau: int):
 @pytest.mark.parametrize("strategy", OURS)
 def test_rebound_or_replaced_parameters_are_still_averaged(tmp_path, strategy, module):
     steps, tau = 10, 4
-    trainer(strategy, max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(
-        module(steps, str(tmp_path))
-    )
+    # A fixed period, as the reference's (CoCoD's default by name is tau="auto", which follows timing).
+    built = lightning_cocod.CoCoDStrategy(tau=tau, start_method="fork") if strategy == "cocod_fork" else strategy
+    trainer(built, max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(module(steps, str(tmp_path)))
     trajectory, final = reference(STRATEGIES[strategy], steps, tau)
     records = toy.read_ranks(tmp_path, WORLD)
     for r, record in enumerate(records):

@@ -87,8 +87,12 @@ def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
     from lightning_cocod.fabric import LocalSGDFabricStrategy
 
     loop = results(run_ranks(train, tmp_path / "loop", method, steps))
-    # Fabric by its registry name (cocod's default period is TAU) and by an instance with options.
-    fabric_strategy = LocalSGDFabricStrategy(tau=TAU, start_method="fork") if method == "local_sgd" else f"{method}_fork"
+    from lightning_cocod.fabric import CoCoDFabricStrategy
+
+    # Fabric by its registry name (Pipe-SGD, which has no period) and by instances with the
+    # reference's fixed period (CoCoD's default, tau="auto", follows timing).
+    by_method = {"local_sgd": LocalSGDFabricStrategy, "cocod": CoCoDFabricStrategy}
+    fabric_strategy = by_method[method](tau=TAU, start_method="fork") if method in by_method else f"{method}_fork"
     fabric = run_fabric(fabric_strategy, tmp_path / "fabric", steps, separately=method == "pipe_sgd")
     if method == "pipe_sgd":
         strategy, reference = PipeSGDStrategy(start_method="fork"), toy.reference_pipe_sgd(WORLD, steps)[1]

@@ -27,7 +27,7 @@ trainer = L.Trainer(strategy="cocod", accelerator="cpu", devices=2, max_steps=8,
 trainer.fit(toy.toy_module(L.LightningModule)(8, sys.argv[1]))
 strategy = trainer.strategy
 open(f"{{sys.argv[1]}}/result{{trainer.global_rank}}.json", "w").write(json.dumps({{"class": f"{{type(strategy).__module__}}.{{type(strategy).__name__}}",
-                  "rounds": len(strategy.comm_stats.rounds), "rank": trainer.global_rank,
+                  "rounds": [[r.launch_step, r.finish_step] for r in strategy.comm_stats.rounds], "rank": trainer.global_rank,
                   "is_theirs": isinstance(strategy, L.strategies.DDPStrategy)}}))
 """
 
@@ -49,12 +49,22 @@ def test_strategy_by_name_fits_in_either_namespace(tmp_path, imports, ours):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in (0, 1)]
-    assert results == [
-        {"class": ours, "rounds": 2, "rank": rank, "is_theirs": True} for rank in (0, 1)
-    ]
+    rounds = results[0].pop("rounds")
+    assert results[1].pop("rounds") == rounds
+    assert results == [{"class": ours, "rank": rank, "is_theirs": True} for rank in (0, 1)]
+    assert_default_rounds(rounds, 8)
     ranks = toy.read_ranks(tmp_path, 2)
     assert ranks[0]["final"] == ranks[1]["final"]
-    assert ranks[0]["final"] == pytest.approx(toy.reference_cocod(2, 8, 4)[1][0], abs=1e-6)
+
+
+def assert_default_rounds(rounds, steps):
+    """The name's default period is tau="auto" within its bound: rounds of at most SAFE_TAU_MAX
+    steps, one after another, over every step (which periods depends on the machine's timing)."""
+    from lightning_cocod.core.adapt import SAFE_TAU_MAX
+
+    assert [list(r) for r in rounds][0][0] == 0 and rounds[-1][1] == steps
+    assert all(0 < finish - launch <= SAFE_TAU_MAX for launch, finish in rounds)
+    assert all(a[1] == b[0] for a, b in zip(rounds, rounds[1:]))
 
 
 def test_each_namespace_has_its_own_classes_and_registry():
@@ -92,8 +102,8 @@ def test_a_spawn_parent_holds_the_workers_figures(tmp_path):
     )
     trainer.fit(toy.ToyRegression(8, str(tmp_path)))
     stats = trainer.strategy.comm_stats
-    assert [(r.launch_step, r.finish_step) for r in stats.rounds] == [(0, 4), (4, 8)]
-    assert stats.summary()["rounds"] == 2 and trainer.strategy.tau_history == [(0, 4)]
+    assert_default_rounds([(r.launch_step, r.finish_step) for r in stats.rounds], 8)
+    assert stats.summary()["rounds"] == len(stats.rounds) and trainer.strategy.tau_history[0] == (0, 2)
 
 
 def test_an_interactive_session_is_told_our_notebook_strategy(monkeypatch):

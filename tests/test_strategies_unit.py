@@ -53,8 +53,9 @@ def test_registered_names_resolve_to_fresh_instances():
         assert strategy._start_method == start_method, name
     a = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     b = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
-    assert a is not b and a.tau == 4 and a.average_buffers is True
-    assert str(a) == "CoCoDStrategy(tau=4, progress=1.0, average_buffers=True, start_method='popen')"
+    # The default period is tau="auto", starting at its bound, SAFE_TAU_MAX = 2.
+    assert a is not b and a.tau == 2 and a.rounds.adaptive is not None and a.average_buffers is True
+    assert str(a) == "CoCoDStrategy(tau='auto', progress=1.0, average_buffers=True, start_method='popen')"
     assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
 
 
@@ -77,4 +78,4 @@ def test_readme_one_liner_prints_the_strategy():
         "print(pl.Trainer(strategy='cocod', accelerator='cpu', devices=2).strategy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert "CoCoDStrategy(tau=4" in out.stdout
+    assert "CoCoDStrategy(tau='auto'" in out.stdout

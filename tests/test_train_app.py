@@ -194,7 +194,7 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     assert code == 75, console[-3000:]
     last = folder / "checkpoints" / "last.ckpt"
     line = next(x for x in console.splitlines() if " preempted; " in x)
-    assert line.startswith(f"cocod-tau4-w2-s0: preempted; checkpoint {last}; resume with: cocod-train ")
+    assert line.startswith(f"cocod-tauauto-w2-s0: preempted; checkpoint {last}; resume with: cocod-train ")
     saved = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
     assert saved >= 3  # how far past step 3 depends on the machine's speed, not on the code
     epochs = saved // 64 + 1  # up to the end of the epoch it stopped in
@@ -207,7 +207,7 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     overrides = [a for a in command[1:-1] if not a.startswith("max_epochs=")]
     resumed = run_app(tmp_path, *overrides, f"max_epochs={epochs}", "checkpoint.resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"cocod-tau4-w2-s0: resumed from {last} at step {saved}" in resumed.stdout + resumed.stderr
+    assert f"cocod-tauauto-w2-s0: resumed from {last} at step {saved}" in resumed.stdout + resumed.stderr
     record = json.loads((folder / "run.json").read_text())
     # Continued where it stopped: the steps it had left, into the file it resumed from.
     assert record["steps"] == 64 * epochs and record["steps_trained"] == 64 * epochs - saved
@@ -255,7 +255,7 @@ def test_ctrl_c_to_the_app_says_so_and_prints_the_command_that_resumes(tmp_path)
     )
     assert code == 130, errors[-3000:]
     last = folder / "checkpoints" / "last.ckpt"
-    assert f"cocod-tau4-w2-s0: interrupted (Ctrl-C); checkpoint {last}; resume with: cocod-train " in console
+    assert f"cocod-tauauto-w2-s0: interrupted (Ctrl-C); checkpoint {last}; resume with: cocod-train " in console
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] >= 3  # the workers saved
     assert "Traceback" not in errors
 
