@@ -235,7 +235,7 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     )
     assert code == 1, errors[-3000:]
     assert errors.strip().splitlines()[-1] == (
-        f"cocod-train: error: cocod-tau4-w2-s0: rank 1 was killed by SIGKILL; logs in {folder / 'workers'}; "
+        f"cocod-train: error: cocod-tauauto-w2-s0: rank 1 was killed by SIGKILL; logs in {folder / 'workers'}; "
         f"checkpoint {last}; resume with: cocod-train "
         f"{shlex.join(a for a in common if a != 'run_id=r1')} max_epochs=50 run_id=r1 checkpoint.resume=last"
     )
