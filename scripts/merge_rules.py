@@ -64,8 +64,8 @@ def _merge(rule: str, params: dict[str, float], live: list[list[torch.Tensor]], 
 def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, seed: int, args) -> float:
     (x_train, y_train), (x_test, y_test) = data
     torch.manual_seed(seed)
-    base = MNIST1DCNN()
-    models = [MNIST1DCNN() for _ in range(1 if rule == "ssgd" else workers)]
+    base = MNIST1DCNN(channels=args.channels)
+    models = [MNIST1DCNN(channels=args.channels) for _ in range(1 if rule == "ssgd" else workers)]
     for m in models:
         m.load_state_dict(base.state_dict())
     lr = args.lr * workers  # per 32 samples, scaled with the global batch of `workers` x 32
@@ -113,7 +113,7 @@ def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, 
                 if buffers:
                     _merge(rule, params, buffers, buffer_snaps, buffer_average)
     with torch.no_grad():
-        evaluated = MNIST1DCNN()
+        evaluated = MNIST1DCNN(channels=args.channels)
         for p, *copies in zip(evaluated.parameters(), *(m.parameters() for m in models)):
             p.copy_(torch.stack(copies).mean(0))
         return 100 * (evaluated(x_test).argmax(1) == y_test).float().mean().item()
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=0.025, help="per 32 samples (default: the study's)")
     parser.add_argument("--warmup", type=float, default=2.0, help="epochs of linear warm-up")
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--channels", type=int, default=32, help="the 1-D CNN's width (the study's: 32)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dm = MNIST1DDataModule()  # the study's data: 8,000 training and 2,000 test signals

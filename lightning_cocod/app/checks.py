@@ -88,6 +88,7 @@ class CpuLauncher(LocalLauncher):
     """CPU workers talk gloo over the loopback, which ``rate`` can shape (GPUs on one node talk NCCL)."""
 
     rate: str | None = MISSING
+    topology: str = "loopback"
 
 
 @dataclass
@@ -113,7 +114,7 @@ class Train:
     run_id: str = MISSING
     out_root: str = MISSING
     seed: int = MISSING
-    tau: Any = MISSING  # a positive integer or "auto": OmegaConf types no union of int and str
+    tau: Any = MISSING  # null, a positive integer or "auto": OmegaConf types no union of int and str
     max_epochs: int | None = MISSING
     max_steps: int = MISSING
     target_accuracy: float | None = MISSING
@@ -138,6 +139,16 @@ store = ConfigStore.instance()
 store.store(name="train_schema", node=Train)
 store.store(name="launcher_schema_local", node=LocalLauncher)
 store.store(name="launcher_schema_cpu", node=CpuLauncher)
+
+
+def _period(default: Any, *, _root_: DictConfig) -> Any:
+    """A strategy's ``tau``: the top-level ``tau`` when set, else the method's own default
+    (``${period:auto}`` for CoCoD-SGD, ``${period:4}`` for Local-SGD), so one sweep over
+    ``tau`` sets every method's period and a run without it gets each method's default."""
+    return default if _root_.get("tau") is None else _root_.tau
+
+
+OmegaConf.register_new_resolver("period", _period, replace=True)
 
 
 class ConfigError(ValueError):
@@ -218,9 +229,9 @@ def check(cfg: DictConfig) -> None:
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
-    if cfg.tau != "auto" and not _positive_int(cfg.tau):  # checked for S-SGD too, which ignores it
+    if cfg.tau not in (None, "auto") and not _positive_int(cfg.tau):  # checked for S-SGD too, which ignores it
         accepted = "optimizer steps per round of cocod and local_sgd; the other methods ignore it"
-        raise bad("tau", cfg.tau, f"a positive integer ({accepted}), or 'auto' (cocod)")
+        raise bad("tau", cfg.tau, f"null (each method's default), a positive integer ({accepted}), or 'auto' (cocod)")
     timeout = cfg.strategy.get("timeout")
     # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
     # the process (SIGABRT) instead of raising: a failure that names nothing.
@@ -273,6 +284,10 @@ def _check_launcher(cfg: DictConfig) -> None:
             parse_rate(launcher.rate)
         except (TypeError, ValueError):
             raise bad("launcher.rate", launcher.rate, "null or a tc rate: '300mbit', '1gbit'") from None
+    from lightning_cocod.launch.cluster import TOPOLOGIES
+
+    if launcher.get("topology", "loopback") not in TOPOLOGIES:
+        raise bad("launcher.topology", launcher.topology, " or ".join(TOPOLOGIES))
     if launcher.name == "gpu":  # where this process starts the ranks (under torchrun/srun: per task)
         import torch
 

@@ -140,7 +140,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         default_root_dir=str(job_dir),
     )
     config = to_plain(cfg)
-    cond = condition(config, measured(trainer, cfg.launcher.get("rate")))
+    cond = condition(config, measured(trainer, cfg.launcher.get("rate"), cfg.launcher.get("topology", "loopback")))
     identity = {
         **identity,
         "condition": cond,
@@ -181,6 +181,8 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         # codec's own seconds in all.
         "bytes_sent_per_round": comm["bytes_sent"] / comm["rounds"] if comm.get("rounds") else None,
         "codec_seconds": comm.get("codec_seconds"),
+        # (step, tau) at the start and at every change: the periods tau="auto" settled on.
+        "tau_history": [list(entry) for entry in getattr(strategy, "tau_history", [])] or None,
         "timeline": timeline.points,
         "finished_at": time.time(),
     }

@@ -71,13 +71,16 @@ def code_of(record: dict[str, Any]) -> str:
 
 def variant_of(record: dict[str, Any]) -> str | None:
     """What sets a run apart from its method's defaults, as run names and report labels add it:
-    a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8") or DDP's
-    compression hook ("powersgd")."""
+    a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8"), DDP's
+    compression hook ("powersgd") or tau="auto" with a bound other than the default ("tau_max 64")."""
+    from lightning_cocod.core.adapt import SAFE_TAU_MAX
     from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
 
     progress = record.get("progress", 1.0) if record.get("method") == "cocod" else None
     merge = None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
-    parts = [merge, record.get("compression"), record.get("comm_hook")]
+    bound = record.get("tau_max") if record.get("tau") == "auto" else None
+    bound = None if bound in (None, SAFE_TAU_MAX) else f"tau_max {bound}"
+    parts = [merge, record.get("compression"), record.get("comm_hook"), bound]
     return ", ".join(p for p in parts if p) or None
 
 
@@ -103,6 +106,7 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "progress": progress,  # CoCoD's merge: x_i <- avg + progress * (x_i - snap_i)
         "compression": cfg.strategy.get("compression"),  # CoCoD's and Local-SGD's codec
         "comm_hook": cfg.strategy.get("comm_hook"),  # S-SGD's DDP hook: then no baseline of speedups
+        "tau_max": cfg.strategy.get("tau_max"),  # tau="auto"'s bound, when the run set one
     }
     workers = world_size(cfg)
     commit, dirty = git_commit()
@@ -133,10 +137,11 @@ def net_namespace() -> str | None:
         return None
 
 
-def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
+def measured(trainer: Any, rate: str | None, topology: str = "loopback") -> dict[str, Any]:
     """What this rank runs under, read off the process and the built Trainer. The link is ``rate``
     only when the launcher put this rank in a shaped namespace (one other than the launcher's,
-    named in NETNS_ENV): without root a rate asked for runs unshaped."""
+    named in NETNS_ENV): without root a rate asked for runs unshaped. A link per worker
+    ("pernode") is named as such: it is not the shared loopback of the same rate."""
     import torch
 
     from lightning_cocod.launch.netns import format_rate, parse_rate
@@ -151,7 +156,7 @@ def measured(trainer: Any, rate: str | None) -> dict[str, Any]:
         cpu = ""
     cpu = f"{cpu or platform.processor() or platform.machine()} x{os.cpu_count()}"
     return {
-        "link": format_rate(parse_rate(rate)) if shaped else "unshaped",
+        "link": (format_rate(parse_rate(rate)) + ("/node" if topology == "pernode" else "")) if shaped else "unshaped",
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu,
         "accelerator": accelerator,

@@ -21,7 +21,7 @@ from typing import Any
 
 from lightning_cocod.app.identity import code_of, variant_of
 from lightning_cocod.app.runs import load_runs
-from lightning_cocod.app.speedup import Record, speedup
+from lightning_cocod.app.speedup import TARGET_MARGIN, Record, final_accuracy, median_time, speedup, ssgd_final, time_to
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
@@ -81,10 +81,13 @@ def summarise(runs: list[Record]) -> list[Row]:
     rows = []
     for (cid, method, progress, variant, tau), members in cells.items():
         speedups = [speedup(member, runs)[0] for member in members]
+        level = ssgd_final(members[0], runs)  # the same for every seed: one condition
+        reached = [time_to(m, level - TARGET_MARGIN) for m in members] if level is not None else []
         timelines = [m["timeline"] for m in members if m.get("timeline")]
         # The runs whose own record said "unknown": their S-SGD run finished after them.
         late = sum(s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members))
         row = {
+            "cid": cid,
             "method": method,
             "progress": progress,
             "label": label(method) + (f" ({variant})" if variant else ""),
@@ -108,8 +111,21 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("to_target", [m.get("time_to_target_seconds") for m in members]),
             **_stats("sent", [m.get("bytes_sent_per_round") for m in members], 1e-6),
             **_stats("codec", [_per_round(m, "codec_seconds") for m in members]),
+            **_stats("final", [final_accuracy(m) for m in members], 100),
+            # Time to accuracy: S-SGD's final accuracy less the margin, and S-SGD's own final one.
+            "level": level,
+            "tta": median_time(reached),
+            "tta_reached": sum(t is not None for t in reached),
+            "tt_final": median_time([time_to(m, level) for m in members]) if level is not None else None,
+            # The period each seed's tau="auto" ran at when fit ended (a fixed tau: that tau).
+            "settled": sorted({m["tau_history"][-1][1] for m in members if m.get("tau_history")}),
         }
         rows.append(row)
+    # Speedup to target: plain S-SGD's median time to target over the row's, in the same condition.
+    ssgd_tta = {r["cid"]: r["tta"] for r in rows if r["method"] == "ssgd" and r["label"] == label("ssgd")}
+    for r in rows:
+        base = ssgd_tta.get(r["cid"])
+        r["tta_speedup"] = base / r["tta"] if base and r["tta"] else None
 
     def order(r: Row) -> tuple:
         tau = r["tau"]
@@ -141,6 +157,23 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         reached = r["to_target_n"]
         return f"{r['to_target']:.1f} ({reached}/{r['n']})" if reached else f"not reached (0/{r['n']})"
 
+    def median_seconds(r: Row, key: str) -> str:
+        if r["level"] is None:
+            return "–"
+        if r[key] is None:  # a seed never got there
+            return f"never ({r['tta_reached']}/{r['n']} reached)" if key == "tta" else "never"
+        return f"{r[key]:.1f}"
+
+    with_tta = any(r["level"] is not None for r in rows)
+    time_to_accuracy = {
+        "final val acc (%)": lambda r: _spread(r, "final", ".2f"),
+        "target (%)": lambda r: "–" if r["level"] is None else f"{100 * (r['level'] - TARGET_MARGIN):.2f}",
+        "time to target (s)": lambda r: median_seconds(r, "tta"),
+        "speedup to target": lambda r: "–" if r["tta_speedup"] is None else f"{r['tta_speedup']:.2f}x",
+        "time to S-SGD's final (s)": lambda r: median_seconds(r, "tt_final"),
+        "tau settled": lambda r: ", ".join(map(str, r["settled"])) if r["settled"] else "–",
+    }
+
     columns = {
         "method": lambda r: r["label"],
         "tau": lambda r: "–" if r["tau"] is None else str(r["tau"]),
@@ -148,11 +181,12 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "link": lambda r: str(r["link"]),
         **({"condition": lambda r: r["condition"] or "–"} if with_condition else {}),
         "seeds": lambda r: ",".join(map(str, r["seeds"])),
+        **(time_to_accuracy if with_tta else {}),
         ACCURACY: lambda r: _spread(r, "acc", ".2f"),
         "steady step (s)": lambda r: _spread(r, "step", ".4f"),
         "speedup vs S-SGD": lambda r: _spread(r, "speedup", ".3f") + (" *" if r["late"] else ""),
         "hidden share": lambda r: "–" if r["hidden"] is None else f"{100 * r['hidden']:.1f}%",
-        f"time to {f'{100 * target:.1f}%' if target else 'target'} (s)": to_target,
+        **({f"time to {100 * target:.1f}% (s)": to_target} if target else {}),
         "sent per round (MB)": lambda r: "–" if r["sent"] is None else f"{r['sent']:.3g}",
         # Compressed rounds' own cost: encoding and decoding, on the rank's cores or GPU.
         **({"codec per round (s)": lambda r: _spread(r, "codec", ".4f")} if with_codec else {}),
@@ -162,7 +196,15 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "",
         "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
         "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
-        "condition and seed over the run's; a run without such an S-SGD run has none.",
+        "condition and seed over the run's; a run without such an S-SGD run has none."
+        + (
+            " Time to accuracy: the target is S-SGD's final validation accuracy (mean over its seeds, same "
+            f"condition) less {100 * TARGET_MARGIN:g} points; a run's time to it is the wall time from its "
+            "first step to its first validation at or above it, the median over seeds, \"never\" when a "
+            "seed never reached it; speedup to target: S-SGD's median over the row's."
+            if with_tta
+            else ""
+        ),
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),

@@ -60,7 +60,7 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("a name", (str, type(None)), ("group", "condition_id", "link", "compression", "comm_hook")),
     ("a mapping", (dict, type(None)), ("condition",)),
     ("a period", (int, type(None)), ("tau",)),  # or "auto", let through below
-    ("a count", (int, type(None)), ("rounds",)),
+    ("a count", (int, type(None)), ("rounds", "tau_max")),
     ("a number", (int, float, type(None)), (*_NUMBERS, "target_accuracy", "speedup_vs_ssgd", "progress")),
 ]
 
@@ -87,6 +87,11 @@ def _problem(record: object) -> str | None:
         for p in points
     ):
         return "timeline is not a list of {seconds, accuracy} points"
+    history = record.get("tau_history") or []
+    if not isinstance(history, list) or not all(
+        isinstance(e, list) and len(e) == 2 and not any(_wrong(v, (int,)) for v in e) for e in history
+    ):
+        return "tau_history is not a list of [step, tau] pairs"
     return None
 
 

@@ -210,8 +210,10 @@ def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[st
 
     threads = threads_per_rank(cfg.launcher, {})  # the cores shared by the workers, whatever this shell says
     rate = cfg.launcher.get("rate")
+    topology = cfg.launcher.get("topology", "loopback")
     if rate and os.geteuid() == 0:  # without root the launcher warns that it runs unshaped
-        log.info("workers talk over a loopback shaped to %s", rate)
+        where = "a loopback" if topology == "loopback" else "a link per worker, each"
+        log.info("workers talk over %s shaped to %s", where, rate)
     relay = ProgressRelay(progress_path(job_dir), title, cfg.progress_every_s, log.info)
     env = {"OMP_NUM_THREADS": str(threads)}
     if net_namespace():  # a worker in another namespace than this was put behind the shaped link
@@ -220,6 +222,7 @@ def _launch(cfg: DictConfig, job_dir: Path, workers: int, title: str) -> dict[st
         WORKER_TARGET,
         world_size=workers,
         rate=rate,
+        topology=topology,
         args=[str(job_dir)],
         timeout_s=cfg.launcher.timeout_s,
         output_dir=job_dir / "workers",

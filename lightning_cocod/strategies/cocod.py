@@ -40,7 +40,7 @@ class CoCoDRounds(Rounds):
     def __init__(
         self,
         owner: str,
-        tau: int | str = 4,
+        tau: int | str = "auto",
         tau_min: int | None = None,
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
@@ -76,6 +76,7 @@ class CoCoDRounds(Rounds):
         self._timing: tuple[Handle, float, float] | None = None
         self._measured: tuple[float, ...] | None = None
         self.tau_history: list[tuple[int, int]] = []
+        self._bound_told = False  # the hiding period above tau_max is said once a fit
 
     def results(self) -> dict[str, Any]:
         return {**super().results(), "tau": self.tau, "tau_history": self.tau_history}
@@ -92,6 +93,7 @@ class CoCoDRounds(Rounds):
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
         self._timing, self._measured = None, None
         self.tau_history = [(0, self.tau)]
+        self._bound_told = False
 
     def retarget(self) -> None:
         if self.round is not None:
@@ -195,6 +197,7 @@ class CoCoDRounds(Rounds):
     def _adapt_period(self, comm_seconds: float, step_seconds: float, round_seconds: float) -> None:
         assert self.adaptive is not None
         old, new = self.tau, self.adaptive.update(comm_seconds, step_seconds, round_seconds)
+        self._tell_if_bound_binds()
         if new != old:
             self.tau = new
             self.tau_history.append((self.steps, new))
@@ -204,6 +207,29 @@ class CoCoDRounds(Rounds):
                     f"(communication {comm_seconds:.3f} s and own work {round_seconds:.3f} s per round, "
                     f"{step_seconds:.3f} s per step)"
                 )
+
+    def _tell_if_bound_binds(self) -> None:
+        """Once a fit, on rank 0: the link needs a longer period to hide a round than ``tau_max``
+        allows, what that costs and what to do. Every rank has the same figures, so the bound
+        binds on all of them at the same round; only the saying is rank 0's."""
+        adaptive = self.adaptive
+        assert adaptive is not None
+        hiding = adaptive.hiding
+        if self._bound_told or hiding is None or hiding <= adaptive.tau_max:
+            return
+        self._bound_told = True
+        if self.rank != 0:
+            return
+        comm, step, bound = adaptive.comm_seconds or 0.0, adaptive.step_seconds or 0.0, adaptive.tau_max
+        exposed = max(0.0, comm - bound * step)
+        codec = f"compression={self.codec.name!r} rounds" if self.codec is not None else "fp32 rounds"
+        log.warning(
+            f"CoCoD-SGD tau='auto': hiding a round of this link ({comm:.3f} s of communication with "
+            f"{codec}, {step:.3f} s per step) takes tau={hiding}, above tau_max={bound}: about {exposed:.3f} s "
+            f"of every round stays exposed ({exposed / (exposed + bound * step):.0%} of its time); "
+            f"send fewer bytes (compression='int8'), allow tau_max={hiding} at the accuracy a longer "
+            f"period costs, or use Local-SGD, which loses less accuracy at long periods"
+        )
 
     def state(self) -> dict[str, Any]:
         state = {**super().state(), "tau": self.tau, "tau_history": self.tau_history}
@@ -287,7 +313,7 @@ class CoCoDMethod(SyncStrategyBase):
 
     def __init__(
         self,
-        tau: int | str = 4,
+        tau: int | str = "auto",
         tau_min: int | None = None,
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
