@@ -18,7 +18,7 @@ from collections.abc import Sequence
 # The longest period at which CoCoD-SGD kept S-SGD's accuracy on the package's accuracy studies
 # (docs/accuracy/): CoCoDStrategy(tau="auto") stays at or below it unless its tau_max is raised.
 # The rule below knows nothing of accuracy; it only hides time, so a link that needs a longer
-# period to hide a round is told so once (``AdaptivePeriod.hiding``) and the round's excess waits.
+# period to hide a round is told so once (``AdaptivePeriod.hiding_period``) and the round's excess waits.
 SAFE_TAU_MAX = 2
 
 
@@ -114,15 +114,21 @@ class AdaptivePeriod:
         self.round_seconds: float | None = None
         self.round_samples = 0
         self.shorter_asks: list[int] = []
-        self.hiding: int | None = None  # the period that hides the smoothed round, unbounded
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
+    def hiding_period(self) -> int | None:
+        """The period that hides the smoothed round, whatever the bounds; None before any figures."""
+        if self.comm_seconds is None or self.step_seconds is None:
+            return None
+        return max(1, math.ceil(self.margin * self.comm_seconds / self.step_seconds - 1e-9))
+
     def needed(self) -> int:
         """The period the smoothed figures ask for, within bounds."""
         assert self.comm_seconds is not None and self.step_seconds is not None and self.round_seconds is not None
-        hide = self.hiding = max(1, math.ceil(self.margin * self.comm_seconds / self.step_seconds - 1e-9))
+        hide = self.hiding_period()
+        assert hide is not None
         # The round's own work counts once two rounds have measured it: their least value, so a
         # preempted first round cannot set the period either.
         amortise = (

@@ -217,7 +217,7 @@ class CoCoDRounds(Rounds):
         binds on all of them at the same round; only the saying is rank 0's."""
         adaptive = self.adaptive
         assert adaptive is not None
-        hiding = adaptive.hiding
+        hiding = adaptive.hiding_period()
         if self._bound_told or hiding is None or hiding <= adaptive.tau_max:
             return
         self._bound_told = True
