@@ -25,7 +25,13 @@ from lightning_cocod.launch.cluster import (
     round_trip_seconds,
     transfer_times,
 )
-from tests.helpers.launchers import namespaces_with, processes_with, signal_once_started, unique_prefix
+from tests.helpers.launchers import (
+    has_left_our_network,
+    namespaces_with,
+    processes_with,
+    signal_once_started,
+    unique_prefix,
+)
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
 
@@ -165,7 +171,7 @@ def test_exception_inside_removes_every_namespace_and_its_processes():
     prefix, token = unique_prefix(), uuid.uuid4().hex
     with pytest.raises(KeyError), pernode_cluster(3, "100mbit", name_prefix=prefix) as cluster:
         sleeper = subprocess.Popen(cluster.wrap([sys.executable, "-c", "import time; time.sleep(30)", token], 2))
-        while not processes_with(token):  # (the test's timeout guards against a hang)
+        while not has_left_our_network(sleeper.pid):  # (the test's timeout guards against a hang)
             assert sleeper.poll() is None, "the sleeper ended before it was seen"
             time.sleep(0.05)
         assert len(namespaces_with(prefix)) == 4

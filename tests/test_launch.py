@@ -26,7 +26,13 @@ from lightning_cocod.launch import (
     write_result,
 )
 from lightning_cocod.launch.cluster import transfer_times
-from tests.helpers.launchers import namespaces_with, processes_with, signal_once_started, unique_prefix
+from tests.helpers.launchers import (
+    has_left_our_network,
+    namespaces_with,
+    processes_with,
+    signal_once_started,
+    unique_prefix,
+)
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +123,7 @@ def test_namespace_and_its_processes_are_gone_after_an_exception():
     token = uuid.uuid4().hex
     with pytest.raises(KeyError), shaped_namespace("100mbit", name_prefix=prefix) as link:
         sleeper = subprocess.Popen(link.wrap([sys.executable, "-c", "import time; time.sleep(30)", token]))
-        while not processes_with(token):  # (the test's timeout guards against a hang)
+        while not has_left_our_network(sleeper.pid):  # (the test's timeout guards against a hang)
             assert sleeper.poll() is None, "the sleeper ended before it was seen"
             time.sleep(0.05)
         assert processes_with(token)

@@ -36,6 +36,15 @@ def processes_with(token: str) -> list[int]:
     return found
 
 
+def has_left_our_network(pid: int) -> bool:
+    """Whether process `pid` has entered another network namespace. `ip netns exec` is listed
+    with the wrapped command line before it enters one, so seeing the line is not enough."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
 def signal_once_started(
     target: Callable[..., Any],
     args: tuple,
