@@ -29,6 +29,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from lightning_cocod._errors import first_line
 from lightning_cocod._files import unwritable
+from lightning_cocod.app.speedup import GOALS
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
@@ -127,6 +128,7 @@ class Train:
     max_epochs: int | None = MISSING
     max_steps: int = MISSING
     target_accuracy: float | None = MISSING
+    judged_by: str = MISSING
     step_time_warmup: int = MISSING
     progress_every_s: float = MISSING
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
@@ -244,6 +246,8 @@ def check(cfg: DictConfig) -> None:
         raise bad("max_epochs", None, "a positive integer, or set max_steps: without, training never stops")
     if cfg.target_accuracy is not None and not 0 < cfg.target_accuracy <= 1:
         raise bad("target_accuracy", cfg.target_accuracy, "null or a fraction in (0, 1], e.g. 0.93")
+    if cfg.judged_by not in GOALS:
+        raise bad("judged_by", cfg.judged_by, " or ".join(GOALS))
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)

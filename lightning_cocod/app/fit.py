@@ -131,6 +131,7 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         # What the OpenMP runtime was given when torch loaded (torch's own count is the condition's).
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "target_accuracy": cfg.target_accuracy,
+        "judged_by": cfg.judged_by,
         "time_to_target_seconds": timeline.time_to_target,
         # With no finished round there is no share to speak of (CommStats would say 1.0).
         "hidden_fraction": comm.get("hidden_fraction") if comm.get("rounds") else None,

@@ -30,7 +30,7 @@ NETNS_ENV = "COCOD_LAUNCHER_NETNS"  # the launcher's network namespace, told to 
 NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
     None: (
         *("strategy", "tau", "seed", "name", "group", "run_id", "out_root", "checkpoint", "logger"),
-        *("target_accuracy", "progress_every_s"),
+        *("target_accuracy", "judged_by", "progress_every_s"),
     ),
     "hetero": ("proportional", "batch_sizes", "every_n_epochs"),
     "launcher": ("run_id", "timeout_s", "rate", "threads_per_worker"),  # measured instead

@@ -13,6 +13,7 @@ its seeds. Each run's speedup is recomputed from the records by the rule the run
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -24,14 +25,19 @@ from lightning_cocod._errors import first_line
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of, variant_of
 from lightning_cocod.app.runs import load_runs
-from lightning_cocod.app.speedup import TARGET_MARGIN, Record, final_accuracy, median_time, speedup, ssgd_final, time_to
+from lightning_cocod.app.speedup import GOALS, Record, final_value, goal_of, median_time, speedup, ssgd_final, time_to
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
 AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
 AXES |= {"speedup": "speedup vs S-SGD (step time)", "seconds": "wall time since the first step (s)"}
-AXES["timeline"] = "validation accuracy (%)"  # what each epoch's validation measured
-_IN_FILE_NAMES = {"acc": "accuracy", "timeline": "accuracy", "seconds": "time"}
+# What a run is judged by (``judged_by``), as the table and the plots show it: scale, format, name.
+SHOWN = {"accuracy": (100, ".2f", "val acc", "%"), "loss": (1, ".3f", "val loss", "nats")}
+_TARGET_RULE = {
+    "accuracy": f"validation accuracy less {100 * GOALS['accuracy'].margin:g} points",
+    "loss": f"validation loss plus {GOALS['loss'].margin:g} nats (language models)",
+}
+_IN_FILE_NAMES = {"acc": "accuracy", "seconds": "time"}
 # Shown in columns of their own (workers, link), so left out of the "condition" column.
 _IN_COLUMNS = {"config.launcher.devices", "config.launcher.num_nodes", "measured.world_size", "measured.link"}
 Row = dict[str, Any]
@@ -84,8 +90,11 @@ def summarise(runs: list[Record]) -> list[Row]:
     rows = []
     for (cid, method, progress, variant, tau), members in cells.items():
         speedups = [speedup(member, runs)[0] for member in members]
+        goal = goal_of(members[0])  # one condition, one experiment: one goal
+        scale = SHOWN[goal.key][0]
         level = ssgd_final(members[0], runs)  # the same for every seed: one condition
-        reached = [time_to(m, level - TARGET_MARGIN) for m in members] if level is not None else []
+        target = goal.target(level) if level is not None else None
+        reached = [time_to(m, target) for m in members] if target is not None else []
         timelines = [m["timeline"] for m in members if m.get("timeline")]
         # The runs whose own record said "unknown": their S-SGD run finished after them.
         late = sum(s is not None and m.get("speedup_vs_ssgd") is None for s, m in zip(speedups, members))
@@ -101,9 +110,13 @@ def summarise(runs: list[Record]) -> list[Row]:
             "seeds": sorted({m["seed"] for m in members}),
             "n": len(members),
             # Its seeds' timelines averaged point by point, over the validations all of them reached.
+            # (A diverged seed's loss ends its row's line.)
+            "goal": goal.key,
             "timeline": [
-                (statistics.fmean(p["seconds"] for p in k), 100 * statistics.fmean(p["accuracy"] for p in k))
-                for k in zip(*timelines)  # the k-th validation of every seed
+                (statistics.fmean(p["seconds"] for p in k), scale * statistics.fmean(p[goal.key] for p in k))
+                for k in itertools.takewhile(
+                    lambda k, key=goal.key: all(p.get(key) is not None for p in k), zip(*timelines)
+                )  # the k-th validation of every seed
             ],
             "late": late,
             "target": next((m["target_accuracy"] for m in members if m.get("target_accuracy")), None),
@@ -115,9 +128,10 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("sent", [m.get("bytes_sent_per_round") for m in members], 1e-6),
             # Rounds sent uncompressed have no codec: no figure, not zero seconds.
             **_stats("codec", [_per_round(m, "codec_seconds") for m in members if m.get("compression")]),
-            **_stats("final", [final_accuracy(m) for m in members], 100),
-            # Time to accuracy: S-SGD's final accuracy less the margin, and S-SGD's own final one.
+            **_stats("final", [final_value(m) for m in members], scale),
+            # Time to accuracy: S-SGD's final figure made worse by the goal's margin, and S-SGD's own.
             "level": level,
+            "goal_target": target,
             "tta": median_time(reached),
             "tta_reached": sum(t is not None for t in reached),
             "tt_final": median_time([time_to(m, level) for m in members]) if level is not None else None,
@@ -168,9 +182,17 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         return ("never" if r[key] is None else f"{r[key]:.1f}") + reached
 
     with_tta = any(r["level"] is not None for r in rows)
+    goals = sorted({r["goal"] for r in rows})
+    units = " or ".join(SHOWN[g][3] for g in goals)  # a group of a classifier and a language model has both
+    figure = SHOWN[goals[0]][2] if len(goals) == 1 else "val"
+
+    def shown(r: Row, value: float) -> str:
+        scale, fmt, *_ = SHOWN[r["goal"]]
+        return f"{scale * value:{fmt}}"
+
     time_to_accuracy = {
-        "final val acc (%)": lambda r: _spread(r, "final", ".2f"),
-        "target (%)": lambda r: "–" if r["level"] is None else f"{100 * (r['level'] - TARGET_MARGIN):.2f}",
+        f"final {figure} ({units})": lambda r: _spread(r, "final", SHOWN[r["goal"]][1]),
+        f"target ({units})": lambda r: "–" if r["goal_target"] is None else shown(r, r["goal_target"]),
         "time to target (s)": lambda r: median_seconds(r, "tta"),
         "speedup to target": lambda r: "–" if r["tta_speedup"] is None else f"{r['tta_speedup']:.2f}x",
         "time to S-SGD's final (s)": lambda r: median_seconds(r, "tt_final"),
@@ -201,11 +223,12 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
         "condition and seed over the run's; a run without such an S-SGD run has none."
         + (
-            " Time to accuracy: the target is S-SGD's final validation accuracy (mean over its seeds, same "
-            f"condition) less {100 * TARGET_MARGIN:g} points; a run's time to it is the wall time from its "
-            "first step to its first validation at or above it: the median over seeds, a seed that never "
-            "reached it counting as never (how many did, in brackets); speedup to target: S-SGD's median "
-            "over the row's."
+            " Time to target: the target is S-SGD's final "
+            + " and ".join(_TARGET_RULE[g] for g in goals)
+            + " (mean over its seeds, same condition); a run's time to it is the wall time from its first "
+            "step to its first validation at or past it: the median over seeds, a seed that never reached "
+            "it counting as never (how many did, in brackets); speedup to target: S-SGD's median over "
+            "the row's."
             if with_tta
             else ""
         ),
@@ -239,8 +262,9 @@ def _line_name(r: Row, fixed: str, rows: list[Row]) -> str:
 def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
     """The PNG ``path`` of ``y`` against ``x``, or False when there is nothing to draw.
 
-    "timeline" against "seconds": validation accuracy against wall time, one line per row of the
-    table (its seeds' timelines averaged), a panel per worker count. "acc" or "speedup" (mean ±
+    "timeline" against "seconds": what the runs are judged by (validation accuracy or loss) against
+    wall time, one line per row of the table (its seeds' timelines averaged), a panel per worker
+    count and goal. "acc" or "speedup" (mean ±
     std over seeds) against "tau" or "workers": one line per method and all else, on a log scale
     ticked at the values run, S-SGD as a dashed line; not drawn when ``x`` takes fewer than two
     values (an axis with one value says nothing).
@@ -248,15 +272,18 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     panels: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    targets: dict[str, set[float]] = defaultdict(set)  # a timeline panel's time-to-accuracy targets
+    targets: dict[str, set[float]] = defaultdict(set)  # a timeline panel's time-to-target targets
+    ylabels: dict[str, str] = {}
     held = {"tau": "workers", "workers": "tau", "seconds": "tau"}[x]  # along a line, beside the method
     for r in rows:  # in the table's order, so the panels' and the legends' too
         fixed = "" if r[held] is None else f"{'w' if held == 'workers' else held}={r[held]}"
         if x == "seconds" and r["timeline"]:
-            title = f"{r['workers']} workers: accuracy against wall time (mean over seeds)"
+            scale, _, _, unit = SHOWN[r["goal"]]
+            title = f"{r['workers']} workers: {r['goal']} against wall time (mean over seeds)"
             panels[title][_line_name(r, fixed, rows)] += r["timeline"]
-            if r["level"] is not None:
-                targets[title].add(100 * (r["level"] - TARGET_MARGIN))
+            ylabels[title] = f"validation {r['goal']} ({unit})"
+            if r["goal_target"] is not None:
+                targets[title].add(scale * r["goal_target"])
         elif r["method"] != "ssgd" and isinstance(r[x], int) and r[y] is not None:
             title = f"{'Final accuracy' if y == 'acc' else 'Speedup'} against {x}"
             panels[title][_line_name(r, fixed, rows)].append((r[x], r[y], r[f"{y}_std"]))
@@ -275,15 +302,18 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
             at, mean, *std = zip(*sorted(points, key=lambda p: p[0]))  # a timeline's points carry no std
             bars = {"yerr": std[0], "marker": "o"} if std else {"marker": "."}
             ax.errorbar(at, mean, capsize=3, label=name, **bars)
-        for level, name in [*levels, *((t, f"target: S-SGD's final less {100 * TARGET_MARGIN:g}") for t in sorted(targets[title]))]:
+        for level, name in [*levels, *((t, "target (S-SGD's final, within the margin)") for t in sorted(targets[title]))]:
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
             ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
         if targets[title]:  # the race to the target, not the first epochs, is what the panel is for
-            ax.set_ylim(bottom=min(targets[title]) - 10)
+            if ylabels[title].endswith("(nats)"):
+                ax.set_ylim(top=max(targets[title]) + 0.5)
+            else:
+                ax.set_ylim(bottom=min(targets[title]) - 10)
         if x != "seconds":
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(v) for v in xs])
-        ax.set(xlabel=AXES[x], ylabel=AXES[y], title=title)
+        ax.set(xlabel=AXES[x], ylabel=ylabels.get(title, AXES.get(y)), title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -299,7 +329,8 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
     # hold a link under a report's name, and matplotlib would write through it to its target.
     with tempfile.TemporaryDirectory(prefix="cocod-report-") as scratch:
         for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
-            name = f"{stem}_{_IN_FILE_NAMES.get(y, y)}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
+            shown = "_".join(sorted({r["goal"] for r in rows})) if y == "timeline" else _IN_FILE_NAMES.get(y, y)
+            name = f"{stem}_{shown}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
             if plot(rows, x, y, Path(scratch, name)):
                 atomic_write(out / name, Path(scratch, name).read_bytes())
                 plots.append(name)

@@ -24,7 +24,7 @@ from lightning_cocod._errors import first_line
 from lightning_cocod._files import atomic_write, read_regular
 from lightning_cocod.app.checks import _SAFE_NAME
 from lightning_cocod.app.identity import code_of
-from lightning_cocod.app.speedup import Record
+from lightning_cocod.app.speedup import GOALS, Record
 from lightning_cocod.methods import METHODS
 
 JOB_CONFIG, JOB_IDENTITY = "workers/job.yaml", "workers/identity.json"
@@ -81,6 +81,8 @@ def _problem(record: object) -> str | None:
         return f"a record is a JSON object, not {type(record).__name__}"
     if record.get("method") not in tuple(METHODS):  # a tuple: a list or mapping is no key, but no method
         return f"method {record.get('method')!r} is none of {', '.join(METHODS)}"
+    if record.get("judged_by", "accuracy") not in tuple(GOALS):
+        return f"judged_by {record.get('judged_by')!r} is none of {', '.join(GOALS)}"
     for what, kinds, keys in _KINDS:
         for key in keys:
             if _wrong(record.get(key), kinds) and (key, record.get(key)) != ("tau", "auto"):
@@ -96,9 +98,10 @@ def _problem(record: object) -> str | None:
         isinstance(p, dict)
         and not _wrong(p.get("seconds"), (int, float))
         and not _wrong(p.get("accuracy"), (int, float))
+        and (p.get("loss") is None or not _wrong(p["loss"], (int, float)))
         for p in points
     ):
-        return "timeline is not a list of {seconds, accuracy} points"
+        return "timeline is not a list of {seconds, accuracy[, loss]} points"
     history = record.get("tau_history") or []
     if not isinstance(history, list) or not all(
         isinstance(e, list) and len(e) == 2 and not any(_wrong(v, (int,)) for v in e) for e in history

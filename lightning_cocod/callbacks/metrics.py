@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import math
 import os
 import sys
 import time
@@ -75,12 +76,15 @@ class StepTimer(Callback):
 
 
 class AccuracyTimeline(Callback):
-    """Records (wall seconds, epoch, step, accuracy) after every validation and logs the time to
-    reach ``target`` accuracy once it is reached (``time/to_target_seconds``)."""
+    """Records (wall seconds, epoch, step, accuracy, and the loss where ``loss_metric`` is logged)
+    after every validation and logs the time to reach ``target`` accuracy once it is reached
+    (``time/to_target_seconds``)."""
 
-    def __init__(self, timer: StepTimer, metric: str = "val/acc", target: float | None = None) -> None:
-        self.timer, self.metric, self.target = timer, metric, target
-        self.points: list[dict[str, float]] = []
+    def __init__(
+        self, timer: StepTimer, metric: str = "val/acc", target: float | None = None, loss_metric: str = "val/loss"
+    ) -> None:
+        self.timer, self.metric, self.target, self.loss_metric = timer, metric, target, loss_metric
+        self.points: list[dict[str, float | None]] = []
         self.time_to_target: float | None = None
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -93,6 +97,9 @@ class AccuracyTimeline(Callback):
             "step": trainer.global_step,
             "accuracy": value,
         }
+        if self.loss_metric in trainer.callback_metrics:  # what a language model is judged by
+            loss = float(trainer.callback_metrics[self.loss_metric])
+            point["loss"] = loss if math.isfinite(loss) else None  # a diverged run: JSON has no NaN
         self.points.append(point)
         metrics = {"time/elapsed_seconds": point["seconds"]}
         if self.target is not None and self.time_to_target is None and value >= self.target:
