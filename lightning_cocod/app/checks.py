@@ -110,6 +110,7 @@ class Trainer:
     precision: Any = MISSING
     log_every_n_steps: int = MISSING
     check_val_every_n_epoch: int | None = MISSING
+    val_check_interval: Any = MISSING  # a fraction of an epoch or a number of batches
     num_sanity_val_steps: int = MISSING
     enable_progress_bar: bool = MISSING
     enable_model_summary: bool = MISSING
