@@ -240,6 +240,8 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["max_steps=0"], "max_steps=0 is invalid; accepted: a positive integer, or -1"),
         (["max_steps=-7"], "max_steps=-7 is invalid; accepted: a positive integer, or -1"),
         (["max_epochs=0"], "max_epochs=0 is invalid; accepted: a positive integer, or null"),
+        (["judged_by=perplexity"], "judged_by='perplexity' is invalid; accepted: accuracy or loss"),
+        (["trainer.val_check_interval=often"], "trainer.val_check_interval='often' is invalid; accepted: "),
         (
             ["strategy.tau=often"],
             "strategy: CoCoDStrategy: tau must be a positive integer or 'auto', got 'often'",

@@ -40,17 +40,19 @@ def test_the_gpt_study_recipe_runs_each_method_and_codec_once_per_condition(tmp_
     ran, groups = [], set()
     for cfg in jobs:
         method = method_of(cfg.strategy)
-        period = cfg.tau if method in ("local_sgd", "cocod") else None
+        period = cfg.strategy.tau if method in ("local_sgd", "cocod") else None  # tau=null: the default, auto
         codec = cfg.strategy.get("compression") or cfg.strategy.get("comm_hook")
         ran.append((method, period, codec))
         assert cfg.name == "gpt" and cfg.launcher.devices == 2 and cfg.max_epochs == 1
         groups.add(cfg.group)
     assert ran == [
-        ("ssgd", None, None), ("local_sgd", 4, None), ("cocod", 4, None),
+        ("ssgd", None, None), ("local_sgd", 4, None), ("local_sgd", 8, None),
         ("ssgd", None, "bf16"),
-        ("cocod", 4, "bf16"), ("cocod", 4, "int8"),
         ("cocod", "auto", None), ("cocod", "auto", "bf16"), ("cocod", "auto", "int8"),
+        ("cocod", 8, "int8"),
     ]
+    # The convolutional study's links, and the language model's measure of time to target.
+    assert {(cfg.launcher.rate, cfg.launcher.topology, cfg.judged_by) for cfg in jobs} == {("100mbit", "pernode", "loss")}
     assert groups == {"gpt-mini"}
     assert report[:3] == [str(tmp_path / "out" / "gpt"), "--group", "gpt-mini"]
 
@@ -79,6 +81,8 @@ def test_the_gpt_smoke_experiment_learns_on_two_cocod_workers(tmp_path):
     # Learnt: below what the best context-free guess (the unigram distribution) can reach, never
     # below what the source itself reaches, and the perplexity is the loss's exp.
     assert len(val) == 2 and val[-1] < data.unigram_loss
+    # The record's timeline, which cocod-report reads, holds the same validation losses.
+    assert record["judged_by"] == "loss" and [p["loss"] for p in record["timeline"]] == pytest.approx(val)
     assert data.optimum - 0.05 < final["test/loss"] < data.unigram_loss
     assert final["test/ppl"] == pytest.approx(2.718281828459045 ** final["test/loss"], rel=1e-4)
     # Next-character accuracy above that of always guessing the most frequent character.

@@ -126,6 +126,10 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
         "true_seed/run.json": json.dumps(dict(COCOD_A1, id="g/bad-seed", seed=True)),  # JSON's true: no number
         "word_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-word", tau="four")),  # "auto" is the one word
         "a_list/run.json": "[1, 2]",
+        "judged/run.json": json.dumps(dict(COCOD_A1, id="g/bad-goal", judged_by="perplexity")),
+        "text_loss/run.json": json.dumps(
+            dict(COCOD_A1, id="g/bad-loss", timeline=[{"seconds": 1.0, "accuracy": 0.5, "loss": "1.3"}])
+        ),
     }
     for name, text in damaged.items():
         (tmp_path / "out" / name).parent.mkdir(parents=True)
@@ -139,6 +143,8 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
     assert any(line.endswith("text_acc/run.json: test_acc '0.9' is not a number") for line in err)
     assert any(line.endswith("true_seed/run.json: seed True is not an integer") for line in err)
     assert any(line.endswith("method/run.json: method 'sgd' is none of ssgd, pipe_sgd, local_sgd, cocod") for line in err)
+    assert any(line.endswith("judged/run.json: judged_by 'perplexity' is none of accuracy, loss") for line in err)
+    assert any(line.endswith("text_loss/run.json: timeline is not a list of {seconds, accuracy[, loss]} points") for line in err)
     # The good records are all there, as in the table worked out by hand below.
     table = (tmp_path / "rep" / "g.md").read_text()
     assert table.startswith(f"# g: {len(RUNS)} run(s)")
@@ -365,6 +371,52 @@ def test_time_to_accuracy_by_hand():
     assert any(line.startswith("| Local-SGD | 2 |") and "| never (1/2) | – | never |" in line for line in lines)
     assert any(line.startswith("| Pipe-SGD |") and "| 9.0 (2/3) | 2.44x |" in line for line in lines)
     assert any(line.startswith("| CoCoD-SGD | 2 | 2 | 100mbit |") and line.endswith("| 99.00 | – | – | – | – | – |") for line in lines)
+
+
+def test_time_to_loss_by_hand(tmp_path, monkeypatch):
+    """A language model's runs (judged_by=loss): the target is S-SGD's final validation loss, the
+    mean over its seeds, plus 0.01 nats; a run gets there at its first validation at or below it,
+    and a run whose loss diverged (recorded as null) never does."""
+
+    def timed(method, seed, points, **extra):
+        timeline = [
+            {"seconds": s, "epoch": i, "step": 10 * i, "accuracy": 0.4, "loss": loss} for i, (s, loss) in enumerate(points)
+        ]
+        tau = None if method == "ssgd" else 2
+        return dict(run(method, seed, 1.0, 0.4, tau=tau, judged_by="loss", **extra), timeline=timeline)
+
+    # S-SGD ends at 1.30 and 1.32: the level 1.31, the target 1.32 (seed 0 at 30 s, seed 1 at 36 s).
+    ssgd = [timed("ssgd", 0, [(10, 2.0), (20, 1.5), (30, 1.30)]), timed("ssgd", 1, [(12, 2.0), (24, 1.4), (36, 1.32)])]
+    # CoCoD: 1.319 at 8 s, 1.321 then 1.315 at 15 s (1.321 is short of 1.32): median 11.5 s.
+    cocod = [timed("cocod", 0, [(4, 1.5), (8, 1.319), (12, 1.318)]), timed("cocod", 1, [(5, 1.5), (10, 1.321), (15, 1.315)])]
+    # Local-SGD: one seed diverged after reaching 1.4; the other ends above the target.
+    local = [timed("local_sgd", 0, [(6, 1.4), (12, None)]), timed("local_sgd", 1, [(6, 1.5), (12, 1.33)])]
+    runs = [*ssgd, *cocod, *local]
+    rows = {r["label"]: r for r in report.summarise(runs)}
+    assert rows["S-SGD"]["level"] == pytest.approx(1.31) and rows["S-SGD"]["goal_target"] == pytest.approx(1.32)
+    assert rows["S-SGD"]["tta"] == pytest.approx(33.0)
+    assert rows["CoCoD-SGD"]["tta"] == pytest.approx(11.5) and rows["CoCoD-SGD"]["tta_speedup"] == pytest.approx(33.0 / 11.5)
+    assert rows["CoCoD-SGD"]["final"] == pytest.approx(1.3165)  # losses are shown as they are, not in percent
+    assert rows["CoCoD-SGD"]["tt_final"] is None  # S-SGD's own 1.31: neither seed got below 1.315
+    local_row = rows["Local-SGD"]
+    assert local_row["tta"] is None and local_row["tta_reached"] == 0
+    assert local_row["final"] == pytest.approx(1.33) and local_row["final_n"] == 1  # the diverged seed has none
+    lines = report.markdown("g", runs, report.summarise(runs), []).splitlines()
+    header = "| final val loss (nats) | target (nats) | time to target (s) | speedup to target |"
+    assert header in next(line for line in lines if line.startswith("| method |"))
+    assert any(line.startswith("| CoCoD-SGD |") and "| 1.317 ± 0.002 (n=2) | 1.320 | 11.5 (2/2) | 2.87x |" in line for line in lines)
+    assert any("validation loss plus 0.01 nats" in line for line in lines)
+    # The plot is the loss against wall time, lower better: the line of the diverged seed's row
+    # ends where its seeds' validations stop being all finite.
+    figures = _captured_figures(monkeypatch)
+    assert report.plot(report.summarise(runs), "seconds", "timeline", tmp_path / "loss.png")
+    ax = figures[-1].axes[0]
+    assert ax.get_ylabel() == "validation loss (nats)" and "loss against wall time" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    local_line = ax.get_lines()[legend.index("Local-SGD tau=2")]
+    assert list(local_line.get_ydata()) == pytest.approx([1.45])
+    assert report.write_report("g", runs, tmp_path / "out").exists()
+    assert (tmp_path / "out" / "g_loss_vs_time.png").exists()
 
 
 @pytest.mark.timeout(60)

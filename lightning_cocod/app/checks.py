@@ -249,6 +249,10 @@ def check(cfg: DictConfig) -> None:
         raise bad("target_accuracy", cfg.target_accuracy, "null or a fraction in (0, 1], e.g. 0.93")
     if cfg.judged_by not in GOALS:
         raise bad("judged_by", cfg.judged_by, " or ".join(GOALS))
+    interval = cfg.trainer.val_check_interval
+    if not (_positive_int(interval) or (isinstance(interval, float) and 0 < interval <= 1)):
+        accepted = "a fraction of an epoch in (0, 1] (0.25: four validations an epoch) or a number of batches >= 1"
+        raise bad("trainer.val_check_interval", interval, accepted)
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
