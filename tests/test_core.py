@@ -1,6 +1,7 @@
 """The pure-tensor core against hand-computed values and the algorithm's invariants."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -62,9 +63,25 @@ def test_cocod_round_keeping_part_of_the_progress_hand_computed():
     assert xs[1][0].tolist() == [2.0, 4.0]
 
 
-@pytest.mark.parametrize("progress", [0, -0.5, 1.5, True, "half"])
-def test_progress_outside_zero_one_is_refused(progress):
-    with pytest.raises(ValueError, match="progress=.* is invalid; accepted: a number in \\(0, 1\\]"):
+def test_cocod_round_stepping_beyond_the_progress_hand_computed():
+    """progress 2: an outer step twice the workers' mean progress, each worker twice its own."""
+    cluster = FakeCluster(2)
+    xs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]]
+    rounds = [CoCoDRound(x, comm, progress=2.0) for x, comm in zip(xs, cluster.comms)]
+    for r in rounds:
+        r.begin()
+    xs[0][0] += torch.tensor([1.0, 0.0])
+    xs[1][0] += torch.tensor([0.0, 2.0])
+    for r in rounds:
+        r.finish()
+    # avg of snapshots = [2, 3]; each adds twice its own progress: the mean moves by [1, 2]
+    assert xs[0][0].tolist() == [4.0, 3.0]
+    assert xs[1][0].tolist() == [2.0, 7.0]
+
+
+@pytest.mark.parametrize("progress", [0, -0.5, math.inf, math.nan, True, "half"])
+def test_progress_that_is_no_positive_number_is_refused(progress):
+    with pytest.raises(ValueError, match="progress=.* is invalid; accepted: a positive number \\(1: the paper's merge"):
         CoCoDRound([torch.zeros(2)], FakeCluster(1).comms[0], progress=progress)
 
 

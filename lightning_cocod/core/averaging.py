@@ -11,6 +11,7 @@ Local-SGD averages the live model, blocking. Pipe-SGD all-reduces gradients one 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,15 +21,16 @@ from lightning_cocod.core.comm import Communicator, Handle
 from lightning_cocod.core.flat import FlatBuffer
 
 # What CoCoDStrategy keeps of a round's progress unless told otherwise: the paper's rule. Keeping
-# less helped on the README's accuracy study only where the learning rate was at its largest.
+# less helped on the MNIST-1D accuracy study (docs/accuracy/mnist1d-study.md) only where the learning rate was at its largest.
 DEFAULT_PROGRESS = 1.0
 
 
 def check_progress(owner: str, progress: object) -> float:
     """``progress`` as a float, or a one-line ValueError naming ``owner`` and what is accepted."""
-    if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress <= 1:
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress < math.inf:
         raise ValueError(
-            f"{owner}: progress={progress!r} is invalid; accepted: a number in (0, 1] (1: the paper's merge)"
+            f"{owner}: progress={progress!r} is invalid; accepted: a positive number (1: the paper's merge; "
+            "above 1 an outer step beyond the workers' mean progress, as with AdamW's local moments)"
         )
     return float(progress)
 
@@ -43,10 +45,14 @@ class CoCoDRound:
     ``x_i <- avg + lambda (x_i - snap_i)``. The paper's rule is lambda = 1: the mean over workers
     is preserved, but each worker also keeps its own deviation from the others for one more
     round, so just before a merge the workers are two rounds of noise apart (Local-SGD: one), and
-    a large learning rate makes them drift (see the README's accuracy study). lambda < 1 shrinks
+    a large learning rate makes them drift (see the MNIST-1D accuracy study (docs/accuracy/mnist1d-study.md)). lambda < 1 shrinks
     what separates the workers by that factor at every merge, at the price of moving the mean by
     only lambda of a round's progress: an outer learning rate, which helps where the inner one is
-    too large for the period and costs accuracy elsewhere (README, "Accuracy").
+    too large for the period and costs accuracy elsewhere (docs/accuracy/mnist1d-study.md). lambda > 1 moves
+    the mean further than the workers went, and separates them by as much more: where each
+    worker's optimizer normalises its own steps (Adam's second moment, estimated on one worker's
+    batch), the mean of N workers' steps is about 1/sqrt(N) of one step on their combined batch,
+    and lambda = sqrt(N) restores it (docs/accuracy/language-model.md).
     """
 
     def __init__(

@@ -298,10 +298,14 @@ class CoCoDMethod(SyncStrategyBase):
             hide it at the accuracy a longer period costs, or send fewer bytes (``compression``).
         progress: the share of its own progress since the round began that a worker keeps at the
             merge, ``x_i <- avg + progress * (x_i - snap_i)``; 1 (the default) is the paper's
-            rule. Less damps what separates the workers but also slows the mean (an outer
-            learning rate): on the README's accuracy study 0.5 closed most of the gap to S-SGD
-            at 4 workers and the largest learning rate, and lost accuracy at a smaller one and
-            at 8 workers. One worker has no rounds, so it trains as plain SGD whatever this is.
+            rule. It is an outer learning rate. Less damps what separates the workers but also
+            slows the mean: on the MNIST-1D study (docs/accuracy/mnist1d-study.md) 0.5 closed
+            most of the gap to S-SGD at 4 workers and the largest learning rate, and lost
+            accuracy at a smaller one and at 8 workers. More moves the mean further than the
+            workers went: with AdamW, whose moments stay on each worker, the mean of N workers'
+            steps is about 1/sqrt(N) of S-SGD's, and sqrt(N) restores it
+            (docs/accuracy/language-model.md). One worker has no rounds, so it trains as plain
+            SGD whatever this is.
         compression: None (fp32, the default), "bf16" or "int8" (one int8 per element and an
             fp32 scale per 2,048): a round sends the worker's progress since the last average
             ``A``, encoded, instead of its weights, and the sum is reduced in fp32 so that every
