@@ -285,6 +285,11 @@ def test_the_final_figures_reach_wandb_as_the_record_has_them():
     finals = {"final/test_acc": 0.5, "final/steady_step_seconds": 0.25, "final/speedup_vs_ssgd": 2.0 / 0.7}
     assert logger.metrics == [(7, {**finals, "final/finished_at": 123.0})]
     assert logger.finished  # a torchrun multirun fits the next job in the same process
+    assert "final/loss_timeline" not in summary  # a classifier's record has no loss timeline
+    # A language model's record: its loss timeline too, which its time to target reads.
+    logger = WandbLogger()
+    log_final(logger, {**record, "timeline": [{"seconds": 1.0, "step": 2, "accuracy": 0.4, "loss": 1.5}]}, step=7)
+    assert logger.experiment.summary["final/loss_timeline"] == [[1.0, 1.5]]
 
 
 def test_wandb_mode_follows_env_key_and_pytest(tmp_path):

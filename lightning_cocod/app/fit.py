@@ -209,8 +209,8 @@ def build_logger(node: DictConfig, job_dir: Path, identity: dict[str, Any]) -> A
 
 
 def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
-    """Final figures as ``final/<key>``; the accuracy timeline as a list in the wandb summary and
-    as ``curve/*`` rows in a CSV log (wandb would drop rows whose step goes back in time)."""
+    """Final figures as ``final/<key>``; the accuracy (and loss) timeline as lists in the wandb
+    summary and as ``curve/*`` rows in a CSV log (wandb would drop rows whose step goes back in time)."""
     if not logger:
         return
     finals = {f"final/{k}": float(record[k]) for k in FINAL_KEYS if record.get(k) is not None}
@@ -218,11 +218,15 @@ def log_final(logger: Any, record: dict[str, Any], step: int) -> None:
     timeline = record.get("timeline", [])
     if type(logger).__name__ == "WandbLogger":
         points = [[p["seconds"], p["accuracy"]] for p in timeline]
-        logger.experiment.summary.update({**finals, "final/timeline": points})
+        losses = [[p["seconds"], p["loss"]] for p in timeline if "loss" in p]
+        summary = {**finals, "final/timeline": points, **({"final/loss_timeline": losses} if losses else {})}
+        logger.experiment.summary.update(summary)
         if record.get("speedup_baseline"):
             logger.experiment.summary["final/speedup_baseline"] = record["speedup_baseline"]
         logger.experiment.finish()  # a torchrun multirun fits the next job in this same process
         return
     for p in timeline:
-        logger.log_metrics({"curve/seconds": p["seconds"], "curve/accuracy": p["accuracy"]}, step=p["step"])
+        loss = {"curve/loss": p["loss"]} if p.get("loss") is not None else {}
+        curve = {"curve/seconds": p["seconds"], "curve/accuracy": p["accuracy"], **loss}
+        logger.log_metrics(curve, step=p["step"])
     logger.save()

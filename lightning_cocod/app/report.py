@@ -31,11 +31,11 @@ from lightning_cocod.methods import METHODS, label
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
 AXES = {"tau": "tau (optimizer steps per round)", "workers": "workers", "acc": ACCURACY}
 AXES |= {"speedup": "speedup vs S-SGD (step time)", "seconds": "wall time since the first step (s)"}
-# What a run is judged by (``judged_by``), as the table and the plots show it: scale, format, name.
+# What a run is judged by (``judged_by``), as the table and the plots show it: scale, format, column, unit.
 SHOWN = {"accuracy": (100, ".2f", "val acc", "%"), "loss": (1, ".3f", "val loss", "nats")}
 _TARGET_RULE = {
     "accuracy": f"validation accuracy less {100 * GOALS['accuracy'].margin:g} points",
-    "loss": f"validation loss plus {GOALS['loss'].margin:g} nats (language models)",
+    "loss": f"validation loss plus {GOALS['loss'].margin:g} nats",
 }
 _IN_FILE_NAMES = {"acc": "accuracy", "seconds": "time"}
 # Shown in columns of their own (workers, link), so left out of the "condition" column.
@@ -264,10 +264,9 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
 
     "timeline" against "seconds": what the runs are judged by (validation accuracy or loss) against
     wall time, one line per row of the table (its seeds' timelines averaged), a panel per worker
-    count and goal. "acc" or "speedup" (mean ±
-    std over seeds) against "tau" or "workers": one line per method and all else, on a log scale
-    ticked at the values run, S-SGD as a dashed line; not drawn when ``x`` takes fewer than two
-    values (an axis with one value says nothing).
+    count and goal. "acc" or "speedup" (mean ± std over seeds) against "tau" or "workers": one
+    line per method and all else, on a log scale ticked at the values run, S-SGD as a dashed line;
+    not drawn when ``x`` takes fewer than two values (an axis with one value says nothing).
     """
     import matplotlib.pyplot as plt
 
