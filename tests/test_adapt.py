@@ -114,6 +114,18 @@ def test_auto_keeps_to_the_safe_period_unless_its_bound_is_raised():
     assert raised.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
 
 
+def test_an_outer_step_bounds_auto_at_one_unless_told_otherwise():
+    # progress above 1 held S-SGD's loss only at tau=1 in the GPT study: the bound follows.
+    outer = CoCoDStrategy(tau="auto", progress=2.0)
+    assert outer.tau == 1
+    assert outer.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 1
+    assert CoCoDStrategy(tau="auto", progress=0.5).tau == SAFE_TAU_MAX  # a damped merge keeps the bound
+    # A bound or a shortest period the user set wins; a fixed tau is the user's.
+    assert CoCoDStrategy(tau="auto", progress=2.0, tau_max=4).rounds.adaptive.tau_max == 4
+    assert CoCoDStrategy(tau="auto", progress=2.0, tau_min=3).rounds.adaptive.tau_max == 3
+    assert CoCoDStrategy(tau=2, progress=2.0).tau == 2
+
+
 def test_auto_is_the_default_of_the_strategy_the_loop_and_fabric():
     import torch
 

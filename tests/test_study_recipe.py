@@ -85,3 +85,10 @@ def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_pa
         names.append(make_identity(cfg, tmp_path / "run", "r1")["name"])
     # The default bound (2) is the method's default: no variant; 64 is another row of a report.
     assert names == ["cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-tau_max64-w2-s0"]
+    # With an outer step the default bound is 1, so 2 is named and 1 is not.
+    outer = []
+    for bound in ([], ["+strategy.tau_max=1"], ["+strategy.tau_max=2"]):
+        argv = ["experiment=smoke", "strategy.progress=2.0", f"out_root={tmp_path}", *bound]
+        (cfg,) = preflight(argv)
+        outer.append(make_identity(cfg, tmp_path / "run", "r1")["name"])
+    assert outer == ["cocod-tauauto-progress2-w2-s0", "cocod-tauauto-progress2-w2-s0", "cocod-tauauto-progress2-tau_max2-w2-s0"]

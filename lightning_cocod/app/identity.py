@@ -73,13 +73,13 @@ def variant_of(record: dict[str, Any]) -> str | None:
     """What sets a run apart from its method's defaults, as run names and report labels add it:
     a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8"), DDP's
     compression hook ("powersgd") or tau="auto" with a bound other than the default ("tau_max 64")."""
-    from lightning_cocod.core.adapt import SAFE_TAU_MAX
+    from lightning_cocod.core.adapt import safe_tau_max
     from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
 
     progress = record.get("progress", 1.0) if record.get("method") == "cocod" else None
     merge = None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
     bound = record.get("tau_max") if record.get("tau") == "auto" else None
-    bound = None if bound in (None, SAFE_TAU_MAX) else f"tau_max {bound}"
+    bound = None if bound in (None, safe_tau_max(progress or DEFAULT_PROGRESS)) else f"tau_max {bound}"
     parts = [merge, record.get("compression"), record.get("comm_hook"), bound]
     return ", ".join(p for p in parts if p) or None
 

@@ -14,7 +14,7 @@ A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto`
 ``local_sgd:bf16`` send their rounds compressed (``compression=``), ``ssgd:bf16``, ``ssgd:fp16``
 and ``ssgd:powersgd`` (rank 1; ``ssgd:powersgd4``: rank 4) are DDP with torch's gradient
 compression hooks (``comm_hook=``). ``cocod:auto`` is
-``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 1: longer periods cost
+``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 2: longer periods cost
 accuracy); ``--tau-max N`` gives every ``cocod:auto`` method ``tau_max=N`` and its label says so.
 
 Each method runs through the real strategies and a real Lightning Trainer on the same model,

@@ -22,7 +22,7 @@ The model, per optimizer step (t_c: compute time per step; S: model bytes; N wor
   while tau steps compute; t_round is the round's own work (snapshot, checks, merge).
 * tau="auto": the period the strategy's own rule picks (``core.adapt.AdaptivePeriod``: smallest
   tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures, at most
-  the strategy's tau_max: ``SAFE_TAU_MAX`` (1) by default, ``--tau-max`` to raise it. The
+  the strategy's tau_max: ``SAFE_TAU_MAX`` (2) by default, ``--tau-max`` to raise it. The
   recommendation gives the period that hides communication whatever the bound.
 * ``--compression bf16,int8``: rows for Local-SGD and CoCoD-SGD rounds sent in that codec: the
   all-reduce carries ``BYTES_PER_ELEMENT`` bytes an element (fp32 4, bf16 2, int8 1 and a 4-byte
