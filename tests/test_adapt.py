@@ -124,6 +124,8 @@ def test_an_outer_step_bounds_auto_at_one_unless_told_otherwise():
     assert CoCoDStrategy(tau="auto", progress=2.0, tau_max=4).rounds.adaptive.tau_max == 4
     assert CoCoDStrategy(tau="auto", progress=2.0, tau_min=3).rounds.adaptive.tau_max == 3
     assert CoCoDStrategy(tau=2, progress=2.0).tau == 2
+    with pytest.raises(ValueError, match=r"^CoCoDStrategy: tau_min must be a positive integer, got 'x'$"):
+        CoCoDStrategy(tau="auto", progress=2.0, tau_min="x")
 
 
 def test_auto_is_the_default_of_the_strategy_the_loop_and_fabric():

@@ -49,11 +49,11 @@ class CoCoDRounds(Rounds):
         self.progress = check_progress(owner, progress)
         self.adaptive: AdaptivePeriod | None = None
         if tau == "auto":
+            if tau_max is None:  # the safe bound, or the shortest period asked for if that is longer
+                shortest = tau_min if isinstance(tau_min, int) and not isinstance(tau_min, bool) else 1
+                tau_max = max(safe_tau_max(self.progress), shortest)
             try:
-                self.adaptive = AdaptivePeriod(
-                    1 if tau_min is None else tau_min,
-                    max(safe_tau_max(self.progress), tau_min or 1) if tau_max is None else tau_max,
-                )
+                self.adaptive = AdaptivePeriod(1 if tau_min is None else tau_min, tau_max)
             except ValueError as err:
                 raise ValueError(f"{owner}: {err}") from None
             self.tau = self.adaptive.tau
