@@ -16,7 +16,7 @@
 #   recipes/mnist1d_study.sh [extra overrides...]     (OUT_ROOT=outputs, RUN_ID=<date>)
 #   WORKERS=4 SEEDS=0 TAUS=4 recipes/mnist1d_study.sh  # a quicker, smaller pass
 #
-# Time on the 2-core machine this was developed on: see the README's "Accuracy" section (most of a
+# Time on the 2-core machine this was developed on: see docs/accuracy/index.md (most of a
 # job's time is starting its workers, which import Lightning). DRY_RUN=1 prints the commands.
 set -euo pipefail
 RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}

@@ -19,21 +19,10 @@
 #
 # Root shapes the links (network namespaces); without it every run is unshaped and says so.
 # DRY_RUN=1 prints the commands.
-set -euo pipefail
-RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
-OUT_ROOT=${OUT_ROOT:-outputs}
-SEEDS=${SEEDS:-0,1,2}
-WORKERS=${WORKERS:-4 8}
-RATE=${RATE:-100mbit}  # per worker, each way
+source "$(dirname "$0")/shaped_study.sh"
+EXPERIMENT=mnist1d_tta
 GROUP=tta-$RUN_ID  # the study's own group: targets and speedups are over its own S-SGD runs
-run() { if [[ "${DRY_RUN:-0}" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi; }
-for workers in ${WORKERS//,/ }; do
-  common=(experiment=mnist1d_tta launcher.rate="$RATE" launcher.topology=pernode out_root="$OUT_ROOT" group="$GROUP"
-    launcher.devices="$workers" seed="$SEEDS")
-  run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-base" "$@" \
-    strategy=ssgd,local_sgd tau=4,8
-  run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-hook" "$@" strategy=ssgd strategy.comm_hook=bf16
-  run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-cocod" "$@" \
-    strategy=cocod strategy.compression=null,bf16,int8 +strategy.tau_max=2,64
-done
-run cocod-report "$OUT_ROOT/mnist1d_tta" --group "$GROUP" --out "$OUT_ROOT/mnist1d_tta/$RUN_ID-report"
+COCOD_SWEEPS=(
+  "cocod|strategy=cocod strategy.compression=null,bf16,int8 +strategy.tau_max=2,64"
+)
+shaped_study "$@"

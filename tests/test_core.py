@@ -48,35 +48,26 @@ def test_cocod_round_hand_computed():
     assert xs[1][0].tolist() == [2.0, 5.0]
 
 
-def test_cocod_round_keeping_part_of_the_progress_hand_computed():
+@pytest.mark.parametrize(
+    "progress, expected",
+    [
+        # avg of snapshots = [2, 3]; each adds half of its own progress
+        (0.5, ([2.5, 3.0], [2.0, 4.0])),
+        # an outer step: each adds twice its own progress, so the mean moves by twice [0.5, 1]
+        (2.0, ([4.0, 3.0], [2.0, 7.0])),
+    ],
+)
+def test_cocod_round_scaling_the_progress_hand_computed(progress, expected):
     cluster = FakeCluster(2)
     xs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]]
-    rounds = [CoCoDRound(x, comm, progress=0.5) for x, comm in zip(xs, cluster.comms)]
+    rounds = [CoCoDRound(x, comm, progress=progress) for x, comm in zip(xs, cluster.comms)]
     for r in rounds:
         r.begin()
     xs[0][0] += torch.tensor([1.0, 0.0])
     xs[1][0] += torch.tensor([0.0, 2.0])
     for r in rounds:
         r.finish()
-    # avg of snapshots = [2, 3]; each adds half of its own progress
-    assert xs[0][0].tolist() == [2.5, 3.0]
-    assert xs[1][0].tolist() == [2.0, 4.0]
-
-
-def test_cocod_round_stepping_beyond_the_progress_hand_computed():
-    """progress 2: an outer step twice the workers' mean progress, each worker twice its own."""
-    cluster = FakeCluster(2)
-    xs = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]]
-    rounds = [CoCoDRound(x, comm, progress=2.0) for x, comm in zip(xs, cluster.comms)]
-    for r in rounds:
-        r.begin()
-    xs[0][0] += torch.tensor([1.0, 0.0])
-    xs[1][0] += torch.tensor([0.0, 2.0])
-    for r in rounds:
-        r.finish()
-    # avg of snapshots = [2, 3]; each adds twice its own progress: the mean moves by [1, 2]
-    assert xs[0][0].tolist() == [4.0, 3.0]
-    assert xs[1][0].tolist() == [2.0, 7.0]
+    assert (xs[0][0].tolist(), xs[1][0].tolist()) == expected
 
 
 @pytest.mark.parametrize("progress", [0, -0.5, math.inf, math.nan, True, "half"])
