@@ -30,7 +30,7 @@ def lr_at(step: int) -> float:
 
 def main() -> None:
     dist.init_process_group("gloo")  # torchrun says where the other workers are
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.set_num_threads(1)
     source = MarkovSource(vocab_size=27, order=3, seed=1234)
     # Every worker draws its own blocks from the source: shards of an endless corpus.

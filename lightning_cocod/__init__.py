@@ -36,8 +36,20 @@ _LAZY = {
     "CheckpointError": "lightning_cocod.strategies.checkpointing",
 }
 __all__ = [  # noqa: RUF022 - loaded lazily from _LAZY
-    "CheckpointError", "CoCoD", "CoCoDStrategy", "LocalSGD", "LocalSGDStrategy", "NonFiniteError", "PREEMPTED_EXIT_CODE",
-    "PipeSGD", "PipeSGDStrategy", "Preempted", "RendezvousError", "SSGDStrategy", "SyncStrategyBase", "WorkerLostError",
+    "CheckpointError",
+    "CoCoD",
+    "CoCoDStrategy",
+    "LocalSGD",
+    "LocalSGDStrategy",
+    "NonFiniteError",
+    "PREEMPTED_EXIT_CODE",
+    "PipeSGD",
+    "PipeSGDStrategy",
+    "Preempted",
+    "RendezvousError",
+    "SSGDStrategy",
+    "SyncStrategyBase",
+    "WorkerLostError",
 ]
 
 

@@ -102,7 +102,12 @@ def not_regular(path: str | os.PathLike) -> OSError:
     return OSError(f"{path} is {kind}")
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFDIR: "a folder"}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFDIR: "a folder",
+}
 _KINDS[stat.S_IFSOCK] = "a socket"
 
 
@@ -114,7 +119,9 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise OSError(f"{path} is not a regular file but {_KINDS.get(stat.S_IFMT(mode), 'something else')}")
+            raise OSError(
+                f"{path} is not a regular file but {_KINDS.get(stat.S_IFMT(mode), 'something else')}"
+            )
         with os.fdopen(os.dup(fd), "rb") as fh:
             data = fh.read(limit + 1)
     finally:

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_attributes(module_name: str, homes: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_attributes(
+    module_name: str, homes: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for module ``module_name``: ``homes`` maps each name to the
     module it is imported from; a loaded name is cached in the module."""
 

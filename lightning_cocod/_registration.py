@@ -22,7 +22,8 @@ from typing import Any
 # The Lightning package of a namespace, and the module of ours that holds its classes.
 # (``lightning.fabric`` is complete whenever ``lightning.pytorch`` is: the ``lightning`` package imports both.)
 NAMESPACES = {
-    "pytorch_lightning": "lightning_cocod.pl", "lightning.pytorch": "lightning_cocod.lightning",
+    "pytorch_lightning": "lightning_cocod.pl",
+    "lightning.pytorch": "lightning_cocod.lightning",
     "lightning_fabric": "lightning_cocod.fabric",
 }
 

@@ -16,7 +16,10 @@ These are the ``lightning_fabric`` classes; the ``lightning.fabric`` ones are in
 from lightning_cocod.strategies.fabric import install
 
 _classes = install("lightning_fabric", __name__)
-CoCoDFabricStrategy, LocalSGDFabricStrategy = _classes["CoCoDFabricStrategy"], _classes["LocalSGDFabricStrategy"]
+CoCoDFabricStrategy, LocalSGDFabricStrategy = (
+    _classes["CoCoDFabricStrategy"],
+    _classes["LocalSGDFabricStrategy"],
+)
 PipeSGDFabricStrategy = _classes["PipeSGDFabricStrategy"]
 
 __all__ = ["CoCoDFabricStrategy", "LocalSGDFabricStrategy", "PipeSGDFabricStrategy"]

@@ -16,10 +16,18 @@ _fabric_classes = fabric.install("lightning.fabric", __name__)
 CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
 PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
 
-CoCoDFabricStrategy, LocalSGDFabricStrategy = _fabric_classes["CoCoDFabricStrategy"], _fabric_classes["LocalSGDFabricStrategy"]
+CoCoDFabricStrategy, LocalSGDFabricStrategy = (
+    _fabric_classes["CoCoDFabricStrategy"],
+    _fabric_classes["LocalSGDFabricStrategy"],
+)
 PipeSGDFabricStrategy = _fabric_classes["PipeSGDFabricStrategy"]
 
 __all__ = [
-    "CoCoDFabricStrategy", "CoCoDStrategy", "LocalSGDFabricStrategy", "LocalSGDStrategy", "PipeSGDFabricStrategy",
-    "PipeSGDStrategy", "SSGDStrategy",
+    "CoCoDFabricStrategy",
+    "CoCoDStrategy",
+    "LocalSGDFabricStrategy",
+    "LocalSGDStrategy",
+    "PipeSGDFabricStrategy",
+    "PipeSGDStrategy",
+    "SSGDStrategy",
 ]

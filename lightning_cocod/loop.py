@@ -38,8 +38,12 @@ _OWNER = "_lightning_cocod_loop"  # set on an optimizer while a loop object hook
 
 def check_weight(name: str, weight: Any) -> None:
     """A rank's share of every average: None (the plain mean) or a number in (0, 1]."""
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1):
-        raise ValueError(f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]")
+    if weight is not None and (
+        isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1
+    ):
+        raise ValueError(
+            f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]"
+        )
 
 
 class _RoundsLoop:
@@ -48,14 +52,22 @@ class _RoundsLoop:
     rounds_class: ClassVar[type[Rounds]]
 
     def __init__(
-        self, model: torch.nn.Module, optimizer: Optimizer, *, group: dist.ProcessGroup | None = None,
-        weight: float | None = None, timeout: Any = None, **options: Any,
+        self,
+        model: torch.nn.Module,
+        optimizer: Optimizer,
+        *,
+        group: dist.ProcessGroup | None = None,
+        weight: float | None = None,
+        timeout: Any = None,
+        **options: Any,
     ) -> None:
         name = type(self).__name__
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{name}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(
+                f"{name}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         check_weight(name, weight)
         self.rounds = self.rounds_class(name, **options)
         self.rounds.weight = weight
@@ -84,7 +96,9 @@ class _RoundsLoop:
         if self._hooks:
             raise RuntimeError(f"{name} is entered already: enter it once, around the whole training loop")
         if getattr(self.optimizer, _OWNER, None) is not None:
-            raise RuntimeError(f"{name}: this optimizer is hooked by another {getattr(self.optimizer, _OWNER)} already")
+            raise RuntimeError(
+                f"{name}: this optimizer is hooked by another {getattr(self.optimizer, _OWNER)} already"
+            )
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 f"{name}: no process group is initialised; call torch.distributed.init_process_group() first "
@@ -99,7 +113,9 @@ class _RoundsLoop:
             # the user's collectives never queue behind a model-sized all-reduce in flight.
             backend = dist.get_backend(self.group)
             comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
-            gloo = dist.new_group(ranks, timeout=self.timeout, backend="gloo")  # figures and flags, on the host
+            gloo = dist.new_group(
+                ranks, timeout=self.timeout, backend="gloo"
+            )  # figures and flags, on the host
             control = TorchDistCommunicator(gloo, torch.device("cpu"))
             try:
                 self._check_same_options(gloo)
@@ -108,9 +124,16 @@ class _RoundsLoop:
                 control.destroy()
                 raise
             if self.rounds.codec is not None:  # compressed rounds' exchange, on a thread of its own
-                codec_comm = TorchDistCommunicator(dist.new_group(ranks, timeout=self.timeout, backend=backend), device)
+                codec_comm = TorchDistCommunicator(
+                    dist.new_group(ranks, timeout=self.timeout, backend=backend), device
+                )
         self.rounds.attach(
-            self.model, comm, rank=dist.get_rank(self.group), world_size=world_size, device=device, control=control,
+            self.model,
+            comm,
+            rank=dist.get_rank(self.group),
+            world_size=world_size,
+            device=device,
+            control=control,
             codec_comm=codec_comm,
         )
         self.rounds.optimizers = [self.optimizer]
@@ -199,7 +222,9 @@ class _RoundsLoop:
             for bucket in buffer.buckets:
                 dist.all_reduce(bucket, op=op, group=self.rounds.comm.group)
             extremes.append(buffer)
-        shares = torch.tensor([1.0 / self.rounds.world_size if self.weight is None else self.weight], dtype=torch.float64)
+        shares = torch.tensor(
+            [1.0 / self.rounds.world_size if self.weight is None else self.weight], dtype=torch.float64
+        )
         dist.all_reduce(shares, group=self.rounds.control.group)
         for name, high, low in zip(self.rounds._names, *(e.views for e in extremes)):
             if not torch.allclose(high, low, rtol=0, atol=0, equal_nan=True):
@@ -244,7 +269,9 @@ class _RoundsLoop:
         """Resume from ``state_dict()``, before entering (the model's and the optimizer's state
         loaded too, on every rank): entering launches a round from the weights the model holds."""
         if self._hooks:
-            raise RuntimeError(f"{type(self).__name__}: load_state_dict inside the with block; call it before entering")
+            raise RuntimeError(
+                f"{type(self).__name__}: load_state_dict inside the with block; call it before entering"
+            )
         self.rounds.load_state(state)  # refused now if it is another method's; applied on entering
         self._loaded = state
 

@@ -15,7 +15,9 @@ class Method:
     label: str  # how tables and plots call it
     periodic: bool  # has a period ``tau``; the others ignore it
     adaptive: bool  # takes tau="auto" (the period re-chosen every round from measured times)
-    mixin: str  # "module:Class" of its logic over no Lightning class (strategies.namespaces builds the classes)
+    mixin: (
+        str  # "module:Class" of its logic over no Lightning class (strategies.namespaces builds the classes)
+    )
     description: str
 
     @property
@@ -33,19 +35,35 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method(
-            "ssgd", "S-SGD", False, False, "lightning_cocod.strategies.ssgd:SSGDMethod",
+            "ssgd",
+            "S-SGD",
+            False,
+            False,
+            "lightning_cocod.strategies.ssgd:SSGDMethod",
             "S-SGD: Lightning's DDPStrategy (gradient all-reduce every step)",
         ),
         Method(
-            "pipe_sgd", "Pipe-SGD", False, False, "lightning_cocod.strategies.pipe_sgd:PipeSGDMethod",
+            "pipe_sgd",
+            "Pipe-SGD",
+            False,
+            False,
+            "lightning_cocod.strategies.pipe_sgd:PipeSGDMethod",
             "Pipe-SGD: gradient all-reduce overlapped with the next step, applied one step stale",
         ),
         Method(
-            "local_sgd", "Local-SGD", True, False, "lightning_cocod.strategies.local_sgd:LocalSGDMethod",
+            "local_sgd",
+            "Local-SGD",
+            True,
+            False,
+            "lightning_cocod.strategies.local_sgd:LocalSGDMethod",
             "Local-SGD: blocking model average every tau optimizer steps",
         ),
         Method(
-            "cocod", "CoCoD-SGD", True, True, "lightning_cocod.strategies.cocod:CoCoDMethod",
+            "cocod",
+            "CoCoD-SGD",
+            True,
+            True,
+            "lightning_cocod.strategies.cocod:CoCoDMethod",
             "CoCoD-SGD: all-reduce of the round-start model overlapped with tau local steps",
         ),
     )

@@ -78,16 +78,23 @@ def rows_of(runs: list[tuple[Record, dict[str, Any]]]) -> list[Row]:
         row = summary[0]
         by_seed = sorted(members, key=lambda m: m["seed"])
         row.update(
-            label=" ".join(filter(None, [label(method), suffix])), order=order,
+            label=" ".join(filter(None, [label(method), suffix])),
+            order=order,
             per_seed=[100 * m["test_acc"] for m in by_seed if m.get("test_acc") is not None],
         )
         rows.append(row)
     rows.sort(key=lambda r: (r["workers"], r["order"], str(r["tau"])))
     for row in rows:
         reference = next(
-            (r for r in rows if r["order"] == 0 and (r["workers"], r["tau"]) == (row["workers"], row["tau"])), None
+            (r for r in rows if r["order"] == 0 and (r["workers"], r["tau"]) == (row["workers"], row["tau"])),
+            None,
         )
-        if row["method"] != "cocod" or row["order"] == 0 or reference is None or None in (row["acc"], reference["acc"]):
+        if (
+            row["method"] != "cocod"
+            or row["order"] == 0
+            or reference is None
+            or None in (row["acc"], reference["acc"])
+        ):
             row["versus"] = None
             continue
         tolerance = max(TOLERANCE_POINTS, reference["acc_std"])
@@ -96,7 +103,9 @@ def rows_of(runs: list[tuple[Record, dict[str, Any]]]) -> list[Row]:
     return rows
 
 
-def markdown(group: str | None, runs: list[tuple[Record, dict[str, Any]]], rows: list[Row], plot_name: str | None) -> str:
+def markdown(
+    group: str | None, runs: list[tuple[Record, dict[str, Any]]], rows: list[Row], plot_name: str | None
+) -> str:
     def accuracy(r: Row) -> str:
         if r["acc"] is None:
             return "–"
@@ -138,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="folders holding the study's runs (run.json)")
     parser.add_argument("--group", help="only the runs of this group (default: all found)")
-    parser.add_argument("--out", type=Path, help="the markdown file; its plot goes beside it (default: stdout only)")
+    parser.add_argument(
+        "--out", type=Path, help="the markdown file; its plot goes beside it (default: stdout only)"
+    )
     args = parser.parse_args(argv)
     runs = read_runs(args.paths, args.group)
     if not runs:

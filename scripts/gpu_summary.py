@@ -45,7 +45,9 @@ def tests_line(work: Path) -> str:
         for kind in ("failure", "error", "skipped"):
             found = case.find(kind)
             if found is not None:
-                why = (found.get("message") or "").strip().splitlines()[0][:160] if found.get("message") else ""
+                why = (
+                    (found.get("message") or "").strip().splitlines()[0][:160] if found.get("message") else ""
+                )
                 lines.append(f"  - {kind}: {case.get('name')}: {why}")
     return "\n".join(lines)
 
@@ -81,7 +83,7 @@ def round_split(results: list[dict]) -> str:
         durations = [(k + 1, ends[k] - ends[k - 1]) for k in range(max(1, WARMUP), len(ends))]
         boundary = [d for step, d in durations if step in finishes]
         other = [d for step, d in durations if step not in finishes]
-        mean = lambda xs: f"{1000 * statistics.mean(xs):.1f}" if xs else "n/a"  # noqa: E731
+        mean = lambda xs: f"{1000 * statistics.mean(xs):.1f}" if xs else "n/a"
         parts.append(f"rank {result['rank']}: {mean(boundary)} ms at round ends, {mean(other)} ms otherwise")
     return "; ".join(parts)
 

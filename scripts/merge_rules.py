@@ -75,7 +75,9 @@ def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, 
     steps_per_epoch = len(x_train) // per_step
     total = steps_per_epoch * args.epochs
     factor = {
-        "schedule": "step", "warmup_steps": round(args.warmup * steps_per_epoch), "total_steps": total,
+        "schedule": "step",
+        "warmup_steps": round(args.warmup * steps_per_epoch),
+        "total_steps": total,
         "milestone_steps": [round(0.5 * total), round(0.75 * total)],
     }
     order = torch.Generator().manual_seed(seed)
@@ -93,7 +95,9 @@ def simulate(rule: str, params: dict[str, float], data, workers: int, tau: int, 
                 # SGD makes its momentum buffers at the first step: the first round has none to merge.
                 buffers = None
                 if params.get("momentum") and step > 0:
-                    buffers = [[o.state[p]["momentum_buffer"] for p in m.parameters()] for m, o in zip(models, opts)]
+                    buffers = [
+                        [o.state[p]["momentum_buffer"] for p in m.parameters()] for m, o in zip(models, opts)
+                    ]
                 buffer_snaps = buffers and [[b.clone() for b in mine] for mine in buffers]
                 buffer_average = buffers and [torch.stack(k).mean(0) for k in zip(*buffer_snaps)]
             for worker, (model, opt) in enumerate(zip(models, opts)):
@@ -134,16 +138,21 @@ def main(argv: list[str] | None = None) -> None:
     dm = MNIST1DDataModule()  # the study's data: 8,000 training and 2,000 test signals
     dm.setup()
     data = ((dm.train_tensors[0], dm.train_tensors[1]), (dm.test_tensors[0], dm.test_tensors[1]))
-    print(f"workers {args.workers}, tau {args.tau}, lr {args.lr} per 32 samples, warm-up {args.warmup}, "
-          f"{args.epochs} epochs, seeds {args.seeds}")
+    print(
+        f"workers {args.workers}, tau {args.tau}, lr {args.lr} per 32 samples, warm-up {args.warmup}, "
+        f"{args.epochs} epochs, seeds {args.seeds}"
+    )
     print("| rule | test accuracy (%): mean ± std | seeds |\n|---|---|---|")
     for rule, params in args.rules:
         started = time.perf_counter()
         accs = [simulate(rule, params, data, args.workers, args.tau, seed, args) for seed in args.seeds]
         label = rule + "".join(f" {k}={v:g}" for k, v in params.items())
         spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        print(f"| {label} | {statistics.fmean(accs):.2f} ± {spread:.2f} (n={len(accs)}) | "
-              f"{', '.join(f'{a:.2f}' for a in accs)} |  ({time.perf_counter() - started:.0f} s)", flush=True)
+        print(
+            f"| {label} | {statistics.fmean(accs):.2f} ± {spread:.2f} (n={len(accs)}) | "
+            f"{', '.join(f'{a:.2f}' for a in accs)} |  ({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

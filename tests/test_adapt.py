@@ -5,8 +5,8 @@ import math
 import pytest
 
 from lightning_cocod import CoCoDStrategy
-from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod, proportional_split
 from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
+from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod, proportional_split
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,9 @@ def test_bad_heterogeneous_input_is_named():
         CoCoDStrategy(tau="fast")
     with pytest.raises(ValueError, match=r"slowdown factors must be numbers >= 1.*\[1, 0.5\]"):
         SimulatedSlowdown([1, 0.5])
-    with pytest.raises(ValueError, match=r"batch_sizes \[30, 20\] must be positive integers summing to global_batch_size=48"):
+    with pytest.raises(
+        ValueError, match=r"batch_sizes \[30, 20\] must be positive integers summing to global_batch_size=48"
+    ):
         ProportionalSampling(48, batch_sizes=[30, 20])
     assert repr(CoCoDStrategy(tau="auto")).startswith("CoCoDStrategy(tau='auto'")
 
@@ -140,7 +142,9 @@ def test_auto_is_the_default_of_the_strategy_the_loop_and_fabric():
     loop = CoCoD(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert loop.rounds.adaptive is not None and loop.tau == SAFE_TAU_MAX
     # Fabric's strategy="cocod" is this class with no options: its loop gets the same defaults.
-    assert CoCoDFabricStrategy().loop_class is CoCoD and CoCoDFabricStrategy()._loop_options == {"weight": None}
+    assert CoCoDFabricStrategy().loop_class is CoCoD and CoCoDFabricStrategy()._loop_options == {
+        "weight": None
+    }
 
 
 # A simulated link: 4 workers of a 408,074-parameter model (the time-to-accuracy study's CNN) on

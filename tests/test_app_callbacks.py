@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Checkpoint
 import torch
+from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.loggers import Logger
 
 import lightning_cocod
-from lightning_cocod.callbacks import metrics as callbacks
-from lightning_cocod.launch.progress import ProgressRelay
 from lightning_cocod.callbacks import PeriodicCheckpoint, ProgressLine, StepTimer
+from lightning_cocod.callbacks import metrics as callbacks
 from lightning_cocod.data import SyntheticDataModule
+from lightning_cocod.launch.progress import ProgressRelay
 from lightning_cocod.models import ClassifierModule, SmallCNN
 from tests.helpers.trainers import single_cpu_trainer
 

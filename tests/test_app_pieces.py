@@ -11,8 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_cocod.app.identity import condition, condition_id
+from lightning_cocod.app.train import (
+    _preempted_line,
+    _resume_hint,
+    _stopped_line,
+    _worker_failure,
+    final_line,
+)
 from lightning_cocod.data import CIFARDataModule, DigitsDataModule, SyntheticDataModule
-from lightning_cocod.app.train import _preempted_line, _resume_hint, _stopped_line, _worker_failure, final_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +144,8 @@ def test_console_lines_say_the_speedup_and_where_it_comes_from(tmp_path):
         "speedup vs S-SGD unknown (no S-SGD run in group g with this condition (link 100mbit) and seed 0 yet)"
     )
     hydra_cfg = SimpleNamespace(
-        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]), runtime=SimpleNamespace(choices={})
+        overrides=SimpleNamespace(task=["experiment=smoke", "run_id=r1", "tau=8"]),
+        runtime=SimpleNamespace(choices={}),
     )
     job = tmp_path / "out" / "smoke" / "r1"
     assert _preempted_line("x", RuntimeError("stop"), _resume_hint(job, hydra_cfg, False)).startswith(
@@ -217,14 +224,25 @@ def test_a_lost_worker_is_one_line_naming_the_rank_and_what_it_said():
     from lightning_cocod.launch import WorkerFailed, WorkersTimedOut
 
     tail = "Traceback (most recent call last):\n  File x\nValueError: bad batch\n"
-    raised = WorkerFailed(f"rank 0 exited with code 1; logs in /r/workers\n--- rank 0 ---\n{tail}", 0, 1, tail, "/r/workers")
+    raised = WorkerFailed(
+        f"rank 0 exited with code 1; logs in /r/workers\n--- rank 0 ---\n{tail}", 0, 1, tail, "/r/workers"
+    )
     assert _worker_failure(raised) == "rank 0 exited with code 1: ValueError: bad batch; logs in /r/workers"
-    killed = WorkerFailed("rank 1 was killed by SIGKILL; logs in /r/workers\n--- rank 1 ---\nnoise", 1, -9, "noise", "/r/workers")
+    killed = WorkerFailed(
+        "rank 1 was killed by SIGKILL; logs in /r/workers\n--- rank 1 ---\nnoise",
+        1,
+        -9,
+        "noise",
+        "/r/workers",
+    )
     assert _worker_failure(killed) == "rank 1 was killed by SIGKILL; logs in /r/workers"
     assert _worker_failure(WorkersTimedOut("workers did not finish within 5 s\nmore", [1], "/r")) == (
         "workers did not finish within 5 s"
     )
-    assert _worker_failure(WorkerLostError("peer gone at step 7\ndetail")) == "WorkerLostError: peer gone at step 7"
+    assert (
+        _worker_failure(WorkerLostError("peer gone at step 7\ndetail"))
+        == "WorkerLostError: peer gone at step 7"
+    )
     assert _worker_failure(NonFiniteError("NaN in the model")) == "NonFiniteError: NaN in the model"
     assert _worker_failure(KeyError("ours")) is None  # our own bug keeps its traceback
 
@@ -241,7 +259,9 @@ def test_a_second_csv_logger_in_a_run_folder_keeps_the_first_ones_metrics(tmp_pa
         logger.save()
     files = sorted(tmp_path.rglob("metrics.csv"))
     assert [f.relative_to(tmp_path).as_posix() for f in files] == [
-        "csv/metrics.csv", "csv/v1/metrics.csv", "csv/v2/metrics.csv"
+        "csv/metrics.csv",
+        "csv/v1/metrics.csv",
+        "csv/v2/metrics.csv",
     ]
     assert [f.read_text().splitlines()[1] for f in files] == ["1.0,0", "2.0,0", "3.0,0"]
 

@@ -11,8 +11,12 @@ def rank_result(step_seconds: list[float], rounds=(), comm=None, rss=100, model_
         t += seconds
         ends.append(t)
     return {
-        "step_ends": ends, "rounds": [list(r) for r in rounds], "comm": comm, "peak_rss_bytes": rss,
-        "model_bytes": model_bytes, "buffer_bytes": 2 * model_bytes,
+        "step_ends": ends,
+        "rounds": [list(r) for r in rounds],
+        "comm": comm,
+        "peak_rss_bytes": rss,
+        "model_bytes": model_bytes,
+        "buffer_bytes": 2 * model_bytes,
     }
 
 
@@ -93,11 +97,15 @@ def test_a_pass_measures_the_bound_between_runs_and_divides_by_their_median(monk
             return [rank_result([3.3] * 12)] * workers
         if spec["tau"] == 4:
             rounds = [(k, k + 4, 1.0, 0.0) for k in range(0, 12, 4)]
-            return [rank_result([1.21] * 12, rounds, {"exposed_seconds": 0.0, "hidden_fraction": 1.0})] * workers
+            return [
+                rank_result([1.21] * 12, rounds, {"exposed_seconds": 0.0, "hidden_fraction": 1.0})
+            ] * workers
         return [rank_result([1.1] * 12)] * workers  # the overhead run: no round completes
 
     monkeypatch.setattr(bench, "run_method", fake_run_method)
-    args = bench.parse_args(["--methods", "ssgd,cocod", "--steps", "12", "--warmup", "4", "--rates", "300mbit"])
+    args = bench.parse_args(
+        ["--methods", "ssgd,cocod", "--steps", "12", "--warmup", "4", "--rates", "300mbit"]
+    )
     figures = bench.measure(args, {"tau": 4}, tmp_path)
 
     assert calls == ["bound", "cocod-13", "bound", "ssgd", "bound", "cocod-4", "bound"]
@@ -162,15 +170,33 @@ def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypat
         return [rank_result([1.0 if spec["method"] == "bound" else 2.0] * 12)] * workers
 
     monkeypatch.setattr(bench, "run_method", fake_run_method)
-    args = bench.parse_args([
-        "--methods", "ssgd,pipe_sgd", "--rates", "10mbit,50mbit", "--steps", "12", "--warmup", "4",
-        "--workers", "2,4", "--topology", "pernode", "--bound-every", "2", "--no-overhead",
-    ])
+    args = bench.parse_args(
+        [
+            "--methods",
+            "ssgd,pipe_sgd",
+            "--rates",
+            "10mbit,50mbit",
+            "--steps",
+            "12",
+            "--warmup",
+            "4",
+            "--workers",
+            "2,4",
+            "--topology",
+            "pernode",
+            "--bound-every",
+            "2",
+            "--no-overhead",
+        ]
+    )
     figures = bench.measure(args, {"tau": 4}, tmp_path, workers=4)
     # Bounds (no process group, so no links) before the first run, then after every second.
     assert [c[0] for c in calls] == ["bound", "ssgd", "pipe_sgd", "bound", "ssgd", "pipe_sgd", "bound"]
     assert all(c[1] == 4 for c in calls)
-    assert {c[2:] for c in calls if c[0] != "bound"} == {("10mbit", "pernode", None), ("50mbit", "pernode", None)}
+    assert {c[2:] for c in calls if c[0] != "bound"} == {
+        ("10mbit", "pernode", None),
+        ("50mbit", "pernode", None),
+    }
     assert {c[2:] for c in calls if c[0] == "bound"} == {(None, "loopback", None)}
     ssgd = figures["methods"]["S-SGD"][str(10_000_000)]
     assert ssgd["method"] == "ssgd" and ssgd["tau"] is None and ssgd["vs_bound"] == pytest.approx(2.0)
@@ -179,7 +205,9 @@ def test_runs_go_over_the_topology_asked_for_and_bounds_every_few_runs(monkeypat
 def test_unshaped_runs_have_no_rate_plot_and_gpu_runs_default_to_unshaped(tmp_path):
     from lightning_cocod.tools import bench
 
-    assert bench.plot({"methods": {}, "bound": {"step_seconds": 1.0}}, [None], tmp_path / "p.png", "t") is False
+    assert (
+        bench.plot({"methods": {}, "bound": {"step_seconds": 1.0}}, [None], tmp_path / "p.png", "t") is False
+    )
     assert not (tmp_path / "p.png").exists()
     assert bench.parse_args(["--accelerator", "gpu"]).rate_list == ["none"]
     assert bench.parse_args([]).rate_list == ["300mbit"]
@@ -220,9 +248,20 @@ def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tm
         ([], 2, "CoCoD-SGD tau=auto"),  # the strategy's default, SAFE_TAU_MAX
     ):
         sent.clear()
-        args = bench.parse_args([
-            "--methods", "cocod:auto", "--steps", "12", "--warmup", "4", "--rates", "300mbit", "--no-overhead", *argv,
-        ])
+        args = bench.parse_args(
+            [
+                "--methods",
+                "cocod:auto",
+                "--steps",
+                "12",
+                "--warmup",
+                "4",
+                "--rates",
+                "300mbit",
+                "--no-overhead",
+                *argv,
+            ]
+        )
         figures = bench.measure(args, {"tau": 4}, tmp_path)
         runs = [spec for spec in sent if spec["method"] == "cocod"]
         assert len(runs) == 1 and runs[0]["tau"] == "auto"
@@ -248,8 +287,14 @@ def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--methods", "cocod:auto", "--tau-max", "0"], "--tau-max must be at least 1 (cocod:auto's longest period)"),
-        (["--methods", "ssgd,cocod", "--tau-max", "64"], "--tau-max bounds cocod:auto only, and --methods 'ssgd,cocod'"),
+        (
+            ["--methods", "cocod:auto", "--tau-max", "0"],
+            "--tau-max must be at least 1 (cocod:auto's longest period)",
+        ),
+        (
+            ["--methods", "ssgd,cocod", "--tau-max", "64"],
+            "--tau-max bounds cocod:auto only, and --methods 'ssgd,cocod'",
+        ),
         (["--methods", "cocod:auto", "--tau-max", "two"], "argument --tau-max: invalid int value: 'two'"),
     ],
 )
@@ -269,14 +314,22 @@ def test_codecs_and_hooks_are_methods_of_their_own():
     from lightning_cocod.tools import bench
 
     specs = bench.parse_args(
-        ["--methods", "cocod,cocod:int8,cocod:auto:bf16,local_sgd:8:int8,ssgd:bf16,ssgd:powersgd,ssgd:powersgd4"]
+        [
+            "--methods",
+            "cocod,cocod:int8,cocod:auto:bf16,local_sgd:8:int8,ssgd:bf16,ssgd:powersgd,ssgd:powersgd4",
+        ]
     ).method_specs
     assert [s.get("compression") for s in specs] == [None, "int8", "bf16", "int8", None, None, None]
     assert [s.get("comm_hook") for s in specs] == [None, None, None, None, "bf16", "powersgd", "powersgd"]
     assert specs[6]["powersgd_rank"] == 4 and "powersgd_rank" not in specs[5]
     assert [bench.method_label(s) for s in specs] == [
-        "CoCoD-SGD tau=4", "CoCoD-SGD tau=4 int8", "CoCoD-SGD tau=auto bf16", "Local-SGD tau=8 int8",
-        "S-SGD +bf16 hook", "S-SGD +PowerSGD rank 1", "S-SGD +PowerSGD rank 4",
+        "CoCoD-SGD tau=4",
+        "CoCoD-SGD tau=4 int8",
+        "CoCoD-SGD tau=auto bf16",
+        "Local-SGD tau=8 int8",
+        "S-SGD +bf16 hook",
+        "S-SGD +PowerSGD rank 1",
+        "S-SGD +PowerSGD rank 4",
     ]
 
 
@@ -292,7 +345,10 @@ def test_the_tools_codec_names_are_the_strategies():
     "methods, message",
     [
         ("cocod:int4", "option 'int4' of method 'cocod:int4' not understood; accepted: "),
-        ("ssgd:int8", "compression bf16 or int8 (local_sgd, cocod), DDP hook bf16, fp16 or powersgd[RANK] (ssgd)"),
+        (
+            "ssgd:int8",
+            "compression bf16 or int8 (local_sgd, cocod), DDP hook bf16, fp16 or powersgd[RANK] (ssgd)",
+        ),
         ("pipe_sgd:bf16", "option 'bf16' of method 'pipe_sgd:bf16' not understood"),
         ("cocod:int8:bf16", "method 'cocod:int8:bf16' names two codecs, 'int8' and 'bf16': give one"),
         ("ssgd:powersgd0", "PowerSGD's rank must be at least 1, got 0"),
@@ -319,7 +375,15 @@ def test_bytes_and_codec_time_per_round_and_the_codecs_share_of_the_rounds_compu
         compressed = spec.get("compression") == "int8"
         # The fit's first round (launched at step 0, in the warm-up) is exact fp32 and slow to encode.
         rounds = [(0, 4, 1.0, 0.0, 400, 400, 0.0)] + [
-            (k, k + 4, 0.5, 0.0, 101 if compressed else 400, 101 if compressed else 400, 0.06 if compressed else 0.0)
+            (
+                k,
+                k + 4,
+                0.5,
+                0.0,
+                101 if compressed else 400,
+                101 if compressed else 400,
+                0.06 if compressed else 0.0,
+            )
             for k in range(4, 16, 4)
         ]
         if spec["method"] == "ssgd":  # DDP: the strategy sees no rounds
@@ -328,9 +392,19 @@ def test_bytes_and_codec_time_per_round_and_the_codecs_share_of_the_rounds_compu
         return [result] * workers
 
     monkeypatch.setattr(bench, "run_method", fake_run_method)
-    args = bench.parse_args([
-        "--methods", "ssgd,cocod,cocod:int8", "--steps", "16", "--warmup", "4", "--rates", "100mbit", "--no-overhead",
-    ])
+    args = bench.parse_args(
+        [
+            "--methods",
+            "ssgd,cocod,cocod:int8",
+            "--steps",
+            "16",
+            "--warmup",
+            "4",
+            "--rates",
+            "100mbit",
+            "--no-overhead",
+        ]
+    )
     figures = bench.measure(args, {"tau": 4}, tmp_path)
     assert [s.get("compression") for s in sent if s["method"] == "cocod"] == [None, "int8"]
     by_name = {name: runs[str(100_000_000)] for name, runs in figures["methods"].items()}

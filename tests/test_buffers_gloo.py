@@ -33,7 +33,9 @@ class BatchNormFirst(pl.LightningModule):
     def __init__(self, out_dir: str) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.BatchNorm1d(3, momentum=MOMENTUM), torch.nn.Linear(3, 1)).double()
+        self.net = torch.nn.Sequential(
+            torch.nn.BatchNorm1d(3, momentum=MOMENTUM), torch.nn.Linear(3, 1)
+        ).double()
         self.out_dir = Path(out_dir)
         self.trajectory: list[list[float]] = []
 
@@ -68,9 +70,17 @@ class BatchNormFirst(pl.LightningModule):
 
 def fit(strategy, out_dir: Path) -> list[dict]:
     trainer = pl.Trainer(
-        strategy=strategy, accelerator="cpu", devices=WORLD, max_steps=STEPS, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+        strategy=strategy,
+        accelerator="cpu",
+        devices=WORLD,
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
     )
     trainer.fit(BatchNormFirst(str(out_dir)))
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -90,7 +90,9 @@ def test_a_checkpoint_whose_pickle_runs_code_is_refused_by_the_trainer_and_never
     marker = tmp_path / "marker"
     evil = with_code(trained_checkpoint(tmp_path), tmp_path / "evil.ckpt", marker)
     with pytest.raises(CheckpointError) as err:
-        trainer(tmp_path / "second", max_steps=6).fit(ToyRegression(steps=8, out_dir=str(tmp_path / "second")), ckpt_path=evil)
+        trainer(tmp_path / "second", max_steps=6).fit(
+            ToyRegression(steps=8, out_dir=str(tmp_path / "second")), ckpt_path=evil
+        )
     assert one_line(err) == (
         f"rank 0: checkpoint {evil} is not plain data: loading it would call exec; refused, as checkpoints load "
         f"as data only (if you trust this file and what it runs, name it in {TRUST_ENV})"
@@ -118,10 +120,22 @@ def test_the_app_refuses_a_checkpoint_whose_pickle_runs_code_before_anything_sta
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(3)}, "global_step": 3, "payload": RunsCode(marker)}, evil)
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.app.train", "experiment=smoke", "logger=none", f"out_root={tmp_path / 'out'}",
-         f"checkpoint.resume={evil}"],
-        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_MODE": "disabled"},
-        capture_output=True, text=True, timeout=100, check=False, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "lightning_cocod.app.train",
+            "experiment=smoke",
+            "logger=none",
+            f"out_root={tmp_path / 'out'}",
+            f"checkpoint.resume={evil}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "WANDB_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
@@ -154,7 +168,9 @@ def test_the_trainer_refuses_a_checkpoint_with_an_altered_weight(tmp_path):
     path = trained_checkpoint(tmp_path)
     flip_byte_inside(path, torch.load(path, weights_only=True)["state_dict"]["net.weight"])
     with pytest.raises(CheckpointError) as err:
-        trainer(tmp_path / "second", max_steps=6).fit(ToyRegression(steps=8, out_dir=str(tmp_path / "second")), ckpt_path=path)
+        trainer(tmp_path / "second", max_steps=6).fit(
+            ToyRegression(steps=8, out_dir=str(tmp_path / "second")), ckpt_path=path
+        )
     assert one_line(err) == (
         f"rank 0: checkpoint {path} is damaged: its entry 'state_dict' does not match the SHA-256 recorded when "
         "it was written; resume from another checkpoint"
@@ -166,7 +182,9 @@ def test_an_entry_added_or_removed_after_the_save_is_named(tmp_path):
     atomic_save(TorchCheckpointIO(), {"weights": torch.ones(3), "global_step": 7}, path)
     saved = torch.load(path, weights_only=True)
     torch.save({**saved, "extra": 1}, path)
-    with pytest.raises(CheckpointError, match="it has an entry 'extra' that was not there when it was written"):
+    with pytest.raises(
+        CheckpointError, match="it has an entry 'extra' that was not there when it was written"
+    ):
         verify_checkpoint(path)
     del saved["global_step"]
     torch.save(saved, path)
@@ -180,7 +198,9 @@ def test_a_damaged_record_or_a_file_that_holds_no_checkpoint_is_named(tmp_path):
     torch.save({**torch.load(path, weights_only=True), INTEGRITY_KEY: {"sha256": {"weights": "0"}}}, path)
     with pytest.raises(CheckpointError) as err:
         verify_checkpoint(path)
-    assert one_line(err) == f"checkpoint {path} is damaged: its integrity record ({INTEGRITY_KEY}) is unreadable"
+    assert (
+        one_line(err) == f"checkpoint {path} is damaged: its integrity record ({INTEGRITY_KEY}) is unreadable"
+    )
     torch.save(torch.ones(3), path)
     with pytest.raises(CheckpointError) as err:
         verify_checkpoint(path)
@@ -206,7 +226,9 @@ def test_an_older_versions_checksum_file_still_checks_its_checkpoint(tmp_path):
     Path(f"{path}{DIGEST_SUFFIX}").write_text(file_digest(path) + "\n")
     verify_checkpoint(path)
     torch.save({"w": torch.zeros(3)}, path)
-    with pytest.raises(CheckpointError, match=f"checkpoint {path} does not match its checksum in last.ckpt.sha256"):
+    with pytest.raises(
+        CheckpointError, match=f"checkpoint {path} does not match its checksum in last.ckpt.sha256"
+    ):
         verify_checkpoint(path)
 
 
@@ -214,7 +236,9 @@ def test_an_older_versions_checksum_file_still_checks_its_checkpoint(tmp_path):
 
 
 def saved_at_step(path: Path, step: int) -> None:
-    atomic_save(TorchCheckpointIO(), {"global_step": step, "state_dict": {"w": torch.full((10,), float(step))}}, path)
+    atomic_save(
+        TorchCheckpointIO(), {"global_step": step, "state_dict": {"w": torch.full((10,), float(step))}}, path
+    )
 
 
 def test_resume_continues_the_highest_step_whatever_the_file_times(tmp_path):
@@ -239,7 +263,9 @@ def test_on_the_same_step_the_later_version_wins_and_unreadable_files_come_last(
     assert newest_checkpoint(tmp_path) == folder / "last-v2.ckpt"
     for readable in ("last.ckpt", "last-v2.ckpt"):
         (folder / readable).unlink()
-    assert newest_checkpoint(tmp_path) == folder / "last-v3.ckpt"  # the only one: chosen, to be refused by name
+    assert (
+        newest_checkpoint(tmp_path) == folder / "last-v3.ckpt"
+    )  # the only one: chosen, to be refused by name
     cfg = OmegaConf.create({"checkpoint": {"resume": "last"}})
     with pytest.raises(ValueError, match=f"checkpoint {folder / 'last-v3.ckpt'} cannot be read"):
         resume_checkpoint(cfg, tmp_path)
@@ -279,7 +305,9 @@ def test_a_graph_of_shared_references_is_refused_at_once_not_walked_forever(tmp_
     shared: list = []
     for _ in range(40):  # a few hundred bytes of pickle, 2**40 paths to the innermost list
         shared = [shared, shared]
-    path = _with_record(tmp_path / "bomb.ckpt", {"hyper_parameters": shared, "state_dict": {"w": torch.ones(2)}})
+    path = _with_record(
+        tmp_path / "bomb.ckpt", {"hyper_parameters": shared, "state_dict": {"w": torch.ones(2)}}
+    )
     assert path.stat().st_size < 10_000
     with pytest.raises(CheckpointError) as err:
         verify_checkpoint(path)
@@ -302,11 +330,16 @@ def test_a_list_that_contains_itself_or_nests_too_deep_is_refused_in_one_line(tm
     for _ in range(150):
         deep = [deep]
     save = _with_record if record else lambda p, c: (torch.save(c, p), p)[1]
-    for value, problem in ((looped, "it contains itself (a list inside its own content)"), (deep, "it is nested more than 100 containers deep")):
+    for value, problem in (
+        (looped, "it contains itself (a list inside its own content)"),
+        (deep, "it is nested more than 100 containers deep"),
+    ):
         path = save(tmp_path / "odd.ckpt", {"hyper_parameters": {"x": value}, "state_dict": {}})
         with pytest.raises(CheckpointError) as err:
             verify_checkpoint(path)
-        assert one_line(err) == f"checkpoint {path} is no checkpoint of ours or Lightning's: {problem}; refused"
+        assert (
+            one_line(err) == f"checkpoint {path} is no checkpoint of ours or Lightning's: {problem}; refused"
+        )
         with pytest.raises(ConfigError, match="contains itself|nested more than"):
             resume_checkpoint(OmegaConf.create({"checkpoint": {"resume": str(path)}}), tmp_path)
 

@@ -35,7 +35,9 @@ from tests.helpers.launchers import (
 
 HELPERS = Path(__file__).resolve().parent / "_launch_workers"
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces, veth, bridges and tc need root")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="network namespaces, veth, bridges and tc need root"
+)
 
 
 def _netem_available() -> bool:
@@ -43,7 +45,21 @@ def _netem_available() -> bool:
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        probe = ["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+        probe = [
+            "ip",
+            "netns",
+            "exec",
+            name,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "netem",
+            "delay",
+            "1ms",
+        ]
         return subprocess.run(probe, capture_output=True, check=False).returncode == 0
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
@@ -55,7 +71,15 @@ def _netem_available() -> bool:
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "text, seconds",
-    [("50us", 50e-6), ("0.2ms", 0.2e-3), ("1s", 1.0), (" 3MS ", 3e-3), ("none", None), ("0", None), (None, None)],
+    [
+        ("50us", 50e-6),
+        ("0.2ms", 0.2e-3),
+        ("1s", 1.0),
+        (" 3MS ", 3e-3),
+        ("none", None),
+        ("0", None),
+        (None, None),
+    ],
 )
 def test_parse_latency_reads_tc_times(text, seconds):
     assert parse_latency(text) == (pytest.approx(seconds) if seconds else None)
@@ -72,7 +96,10 @@ def test_parse_latency_rejects_other_strings_in_one_line(text):
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("nodes", [0, MAX_NODES + 1, True, 2.0])
 def test_node_count_outside_one_subnet_is_a_one_line_error(nodes):
-    with pytest.raises(ValueError, match=rf"1 to {MAX_NODES} nodes") as info, pernode_cluster(nodes, "10mbit"):
+    with (
+        pytest.raises(ValueError, match=rf"1 to {MAX_NODES} nodes") as info,
+        pernode_cluster(nodes, "10mbit"),
+    ):
         pass
     assert "\n" not in str(info.value)
 
@@ -97,7 +124,12 @@ def test_without_root_it_runs_on_the_loopback_and_says_so(monkeypatch, capfd):
         assert not link.in_namespaces and "root" in link.reason
         assert link.rank_env(3)["MASTER_ADDR"] == "127.0.0.1" and link.wrap(["x"], 3) == ["x"]
     warnings = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and "UNSHAPED" in warnings[0] and "per-node" in warnings[0] and "100mbit" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "UNSHAPED" in warnings[0]
+        and "per-node" in warnings[0]
+        and "100mbit" in warnings[0]
+    )
 
 
 @pytest.mark.timeout(10)
@@ -122,10 +154,14 @@ def test_every_node_reaches_the_others_through_its_own_interface_only():
     with pernode_cluster(3, None, name_prefix=prefix) as cluster:
         assert sorted(namespaces_with(prefix)) == sorted([cluster.switch, *cluster.nodes])
         for rank in range(3):
-            links = subprocess.run(cluster.wrap(["ip", "-o", "link"], rank), capture_output=True, text=True, check=True)
+            links = subprocess.run(
+                cluster.wrap(["ip", "-o", "link"], rank), capture_output=True, text=True, check=True
+            )
             names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.stdout.splitlines())
             assert names == sorted(["lo", NODE_IFNAME])
-            addrs = subprocess.run(cluster.wrap(["ip", "-o", "-4", "addr"], rank), capture_output=True, text=True, check=True)
+            addrs = subprocess.run(
+                cluster.wrap(["ip", "-o", "-4", "addr"], rank), capture_output=True, text=True, check=True
+            )
             assert f"{cluster.address(rank)}/24" in addrs.stdout
         # Round trips around the ring of nodes: each pair exchanges its messages (how long that
         # takes is the machine's business, not this test's).
@@ -151,8 +187,10 @@ def test_each_node_link_is_shaped_both_ways_behind_a_non_blocking_switch():
         # Two flows into node 2 (its download) and two out of node 3 (its upload), all at once.
         shared = transfer_times(cluster, [(0, 2), (1, 2), (3, 0), (3, 1)], nbytes)
     into_one, out_of_one = shared[:2], shared[2:]
-    print(f"expected {one_flow:.3f} s; apart {[round(b - a, 3) for a, b in apart]}, "
-          f"into one {span(into_one):.3f}, out of one {span(out_of_one):.3f}")
+    print(
+        f"expected {one_flow:.3f} s; apart {[round(b - a, 3) for a, b in apart]}, "
+        f"into one {span(into_one):.3f}, out of one {span(out_of_one):.3f}"
+    )
     # No flow beats its link's rate (a bound no machine's speed can move): the links are shaped.
     assert all(end - start > 0.9 * one_flow for start, end in apart)
     # Through one node's link, in or out, two flows take twice as long: both ways are shaped.
@@ -170,7 +208,9 @@ def test_each_node_link_is_shaped_both_ways_behind_a_non_blocking_switch():
 def test_exception_inside_removes_every_namespace_and_its_processes():
     prefix, token = unique_prefix(), uuid.uuid4().hex
     with pytest.raises(KeyError), pernode_cluster(3, "100mbit", name_prefix=prefix) as cluster:
-        sleeper = subprocess.Popen(cluster.wrap([sys.executable, "-c", "import time; time.sleep(30)", token], 2))
+        sleeper = subprocess.Popen(
+            cluster.wrap([sys.executable, "-c", "import time; time.sleep(30)", token], 2)
+        )
         while not has_left_our_network(sleeper.pid):  # (the test's timeout guards against a hang)
             assert sleeper.poll() is None, "the sleeper ended before it was seen"
             time.sleep(0.05)
@@ -210,10 +250,18 @@ def test_a_latency_this_kernel_cannot_add_is_one_line_and_leaves_nothing(topolog
         # pernode: on node 0's and node 1's uploads; loopback: on lo, which both ways cross.
         assert trip >= 2 * 5e-3
     else:
-        with pytest.raises(LatencyUnsupported) as info, network(topology, 2, "100mbit", "5ms", name_prefix=prefix):
+        with (
+            pytest.raises(LatencyUnsupported) as info,
+            network(topology, 2, "100mbit", "5ms", name_prefix=prefix),
+        ):
             pass
         message = str(info.value)
-        assert "\n" not in message and "netem" in message and "5000us" in message and "without a latency" in message
+        assert (
+            "\n" not in message
+            and "netem" in message
+            and "5000us" in message
+            and "without a latency" in message
+        )
     assert namespaces_with(prefix) == []
 
 
@@ -225,8 +273,13 @@ def test_a_latency_this_kernel_cannot_add_is_one_line_and_leaves_nothing(topolog
 def test_workers_rendezvous_over_the_bridge_from_their_own_namespaces(tmp_path):
     prefix = unique_prefix()
     results = launch_workers(
-        str(HELPERS / "allreduce_worker.py"), 3, "1gbit", timeout_s=50, output_dir=tmp_path,
-        name_prefix=prefix, topology="pernode",
+        str(HELPERS / "allreduce_worker.py"),
+        3,
+        "1gbit",
+        timeout_s=50,
+        output_dir=tmp_path,
+        name_prefix=prefix,
+        topology="pernode",
     )
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert all(r["world_size"] == 3 and r["sum"] == [6.0] * 4 for r in results)
@@ -237,8 +290,14 @@ def test_workers_rendezvous_over_the_bridge_from_their_own_namespaces(tmp_path):
 
 def _launch_sleepers(prefix: str, marker_dir: str) -> None:
     launch_workers(
-        str(HELPERS / "sleeping_worker.py"), 3, "100mbit", args=[marker_dir], timeout_s=60,
-        output_dir=Path(marker_dir, "logs"), name_prefix=prefix, topology="pernode",
+        str(HELPERS / "sleeping_worker.py"),
+        3,
+        "100mbit",
+        args=[marker_dir],
+        timeout_s=60,
+        output_dir=Path(marker_dir, "logs"),
+        name_prefix=prefix,
+        topology="pernode",
     )
 
 
@@ -251,7 +310,11 @@ def test_terminated_launcher_removes_every_node_and_worker(tmp_path):
         assert len(namespaces_with(prefix)) == 4
 
     exitcode = signal_once_started(
-        _launch_sleepers, (prefix, str(tmp_path)), tmp_path, 3, signal.SIGTERM,
+        _launch_sleepers,
+        (prefix, str(tmp_path)),
+        tmp_path,
+        3,
+        signal.SIGTERM,
         while_running=running,
     )
     assert exitcode == 128 + signal.SIGTERM

@@ -18,9 +18,9 @@ def launch(timeline, seconds, nccl=True, copy_back=0.0, buckets=None, orders="cu
     side = timeline.new_stream()
     buckets = buckets if buckets is not None else [torch.ones(4)]
     if nccl:
-        all_reduce = lambda bucket: FakeNcclWork(timeline, seconds)  # noqa: E731
+        all_reduce = lambda bucket: FakeNcclWork(timeline, seconds)
     else:
-        all_reduce = lambda bucket: FakeGlooWork(timeline, seconds, copy_back, orders)  # noqa: E731
+        all_reduce = lambda bucket: FakeGlooWork(timeline, seconds, copy_back, orders)
     return start_on_device(timeline, side, buckets, 0.5, all_reduce, lands_on_stream=nccl), side
 
 
@@ -74,7 +74,7 @@ def test_gloo_merge_waits_for_the_copy_back_whichever_stream_wait_orders(orders)
 def test_a_host_ahead_of_the_device_counts_neither_its_lead_nor_queued_compute(nccl):
     timeline = FakeTimeline()
     timeline.kernel(0.5)  # compute queued before the launch: the pack runs after it
-    handle, side = launch(timeline, 0.3, nccl)
+    handle, _side = launch(timeline, 0.3, nccl)
     timeline.kernel(0.5)  # the round's steps, queued while the host runs ahead
     timeline.advance_to(0.2)
     handle.wait()  # the device is busy until 1.0, long after the landing at 0.8

@@ -128,7 +128,7 @@ def _ranks_body(rank: int, world: int, port: int, codec_name: str, weights, n: i
             chunk_bytes = codec.payload_bytes(mean.residuals[0].numel() // world)
             assert handle.bytes_sent == handle.bytes_received == 2 * (world - 1) * chunk_bytes
             assert handle.codec_seconds > 0 and handle.comm_seconds >= handle.codec_seconds
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the parent reports every rank's failure)
         errors.put(f"rank {rank}: {traceback.format_exc()}")
     finally:
         if dist.is_initialized():
@@ -159,7 +159,10 @@ def test_compressed_mean_on_gloo(world, codec, weights, n):
     ctx = multiprocessing.get_context("fork")
     errors = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, n, errors)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, n, errors))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -185,8 +188,13 @@ def _raw_body(rank: int, port: int, errors) -> None:
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=2)
-        modes = {"raw": CompressedMean(_Comm(), Int8Codec(), delta=False), "delta": CompressedMean(_Comm(), Int8Codec())}
-        x = 3 * torch.randn(2048, generator=torch.Generator().manual_seed(0))  # one start; a block's max near 10
+        modes = {
+            "raw": CompressedMean(_Comm(), Int8Codec(), delta=False),
+            "delta": CompressedMean(_Comm(), Int8Codec()),
+        }
+        x = 3 * torch.randn(
+            2048, generator=torch.Generator().manual_seed(0)
+        )  # one start; a block's max near 10
         gen = torch.Generator().manual_seed(rank)
         for round_ in range(4):
             x = x + 1e-3 * torch.randn(2048, generator=gen)
@@ -203,7 +211,7 @@ def _raw_body(rank: int, port: int, errors) -> None:
             largest = exact.abs().max().item()
             assert largest / 127 / 8 < errors_by_mode["raw"] <= largest / 127, (round_, errors_by_mode)
             assert errors_by_mode["delta"] < 1e-4, (round_, errors_by_mode)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the parent reports every rank's failure)
         errors.put(f"rank {rank}: {traceback.format_exc()}")
     finally:
         if dist.is_initialized():

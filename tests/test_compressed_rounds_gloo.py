@@ -31,7 +31,9 @@ def test_compressed_rounds_end_identical_and_close_to_the_exact_method(tmp_path,
 
 
 def test_a_codec_of_another_name_is_refused():
-    with pytest.raises(ValueError, match="CoCoDStrategy: compression='fp8' is invalid; accepted: None, bf16, int8"):
+    with pytest.raises(
+        ValueError, match="CoCoDStrategy: compression='fp8' is invalid; accepted: None, bf16, int8"
+    ):
         CoCoDStrategy(compression="fp8")
     with pytest.raises(TypeError, match="error_feedback must be True or False"):
         LocalSGDStrategy(compression="int8", error_feedback="yes")
@@ -42,12 +44,21 @@ def _bytes_per_round(compression):
     strategy = CoCoDStrategy(tau=2, compression=compression, start_method="fork")
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=32), lr=0.05)
     trainer = pl.Trainer(
-        strategy=strategy, accelerator="cpu", devices=2, max_steps=8, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_steps=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
     )
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=32))
     rounds = strategy.comm_stats.rounds
-    numel = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    numel = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for b in model.buffers() if b.is_floating_point()
+    )
     return rounds, numel
 
 
@@ -66,7 +77,9 @@ def test_bytes_on_the_wire_per_round():
 @pytest.mark.parametrize("method, strategy_cls", [("cocod", CoCoDStrategy), ("local_sgd", LocalSGDStrategy)])
 def test_a_skipped_nan_leaves_compressed_ranks_consistent(tmp_path, method, strategy_cls):
     ranks = fit(
-        strategy_cls(tau=TAU, on_nonfinite="skip", compression="bf16", start_method="fork"), tmp_path, steps=16,
+        strategy_cls(tau=TAU, on_nonfinite="skip", compression="bf16", start_method="fork"),
+        tmp_path,
+        steps=16,
         callbacks=[PoisonRank1(POISON_AFTER)],
     )
     assert torch.isnan(torch.tensor(ranks[1]["trajectory"][POISON_AFTER])).any()  # it really went bad
@@ -82,8 +95,10 @@ def test_evaluation_inside_a_compressed_round(tmp_path, codec):
     the evaluation's exact average and the exchange each keep to their own group (on one, the two
     threads' collectives paired up in a different order on each rank, and both ranks hung)."""
     ranks = fit(
-        CoCoDStrategy(tau=TAU, compression=codec, start_method="fork"), tmp_path,
-        limit_val_batches=1, val_check_interval=3,
+        CoCoDStrategy(tau=TAU, compression=codec, start_method="fork"),
+        tmp_path,
+        limit_val_batches=1,
+        val_check_interval=3,
     )
     assert ranks[0]["final"] == ranks[1]["final"]
     evaluated = [[weights for _, weights in record["evaluated"]] for record in ranks]

@@ -88,10 +88,20 @@ def _run(root: Path, name: str, strategy: dict, method: str, seed: int, acc: flo
     folder = root / name
     folder.mkdir(parents=True)
     record = {
-        "id": name, "group": "g", "method": method, "tau": 2 if method == "cocod" else None,
-        "progress": 1.0 if method == "cocod" else None, "workers": 4, "seed": seed,
-        "condition": {}, "condition_id": "c0", "link": "unshaped", "test_acc": acc,
-        "steady_step_seconds": 0.01, "finished_at": 1.0, "timeline": [{"seconds": 1.0, "accuracy": acc}],
+        "id": name,
+        "group": "g",
+        "method": method,
+        "tau": 2 if method == "cocod" else None,
+        "progress": 1.0 if method == "cocod" else None,
+        "workers": 4,
+        "seed": seed,
+        "condition": {},
+        "condition_id": "c0",
+        "link": "unshaped",
+        "test_acc": acc,
+        "steady_step_seconds": 0.01,
+        "finished_at": 1.0,
+        "timeline": [{"seconds": 1.0, "accuracy": acc}],
     }
     (folder / "run.json").write_text(json.dumps(record))
     (folder / "resolved.yaml").write_text(json.dumps({"strategy": strategy}))  # YAML reads JSON
@@ -102,12 +112,21 @@ def test_the_table_judges_each_codec_against_fp32_cocod(tmp_path, capsys):
     variants = {
         "fp32": (cocod, "cocod", [0.96, 0.95, 0.97]),  # 96.00 ± 1.00: the tolerance is 1.00, not 0.5
         "bf16": ({**cocod, "compression": "bf16"}, "cocod", [0.965, 0.955, 0.96]),  # 96.00: +0.00
-        "int8": ({**cocod, "compression": "int8"}, "cocod", [0.957, 0.947, 0.952]),  # 95.20: -0.80, outside 0.5 alone
+        "int8": (
+            {**cocod, "compression": "int8"},
+            "cocod",
+            [0.957, 0.947, 0.952],
+        ),  # 95.20: -0.80, outside 0.5 alone
         "raw": (
             {**cocod, "_target_": "compression_control.CoCoDStrategy", "compression": "int8"},
-            "cocod", [0.90, 0.80, 0.85],  # 85.00: -11.00
+            "cocod",
+            [0.90, 0.80, 0.85],  # 85.00: -11.00
         ),
-        "powersgd": ({"_target_": "lightning_cocod.SSGDStrategy", "comm_hook": "powersgd"}, "ssgd", [0.9, 0.9, 0.9]),
+        "powersgd": (
+            {"_target_": "lightning_cocod.SSGDStrategy", "comm_hook": "powersgd"},
+            "ssgd",
+            [0.9, 0.9, 0.9],
+        ),
         "ssgd": ({"_target_": "lightning_cocod.SSGDStrategy", "comm_hook": None}, "ssgd", [0.95, 0.96, 0.97]),
     }
     for name, (strategy, method, accuracies) in variants.items():
@@ -119,13 +138,21 @@ def test_the_table_judges_each_codec_against_fp32_cocod(tmp_path, capsys):
     )
     out = tmp_path / "table" / "study.md"
     assert compression_table.main([str(tmp_path / "runs"), "--group", "g", "--out", str(out)]) == 0
-    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and "method" not in line]
+    rows = [
+        line.split("|")[1:-1]
+        for line in out.read_text().splitlines()
+        if line.startswith("| ") and "method" not in line
+    ]
     cells = [(r[0].strip(), r[4].strip(), r[6].strip()) for r in rows]
     assert cells == [
         ("CoCoD-SGD fp32", "96.00 ± 1.00 (n=3)", "–"),
         ("CoCoD-SGD bf16 (error feedback)", "96.00 ± 0.50 (n=3)", "+0.00 (within ±1.00)"),
         ("CoCoD-SGD int8 (error feedback)", "95.20 ± 0.50 (n=3)", "-0.80 (within ±1.00)"),
-        ("CoCoD-SGD int8, raw snapshots (error feedback): control", "85.00 ± 5.00 (n=3)", "-11.00 (outside ±1.00)"),
+        (
+            "CoCoD-SGD int8, raw snapshots (error feedback): control",
+            "85.00 ± 5.00 (n=3)",
+            "-11.00 (outside ±1.00)",
+        ),
         ("S-SGD + DDP PowerSGD (rank 1)", "90.00 ± 0.00 (n=3)", "–"),
         ("S-SGD", "96.00 ± 1.00 (n=3)", "–"),
     ]
@@ -137,13 +164,21 @@ def test_the_table_judges_each_codec_against_fp32_cocod(tmp_path, capsys):
 
 def test_the_table_says_when_there_is_nothing_to_read(tmp_path, capsys):
     assert compression_table.main([str(tmp_path), "--group", "g"]) == 1
-    assert capsys.readouterr().err.strip() == f"error: no finished runs under {tmp_path} in group 'g' (no readable run.json)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: no finished runs under {tmp_path} in group 'g' (no readable run.json)"
+    )
 
 
 # 600 signals, 32 per rank x 2 ranks: 6 optimizer steps per epoch, 2 epochs (as test_study_recipe).
 MINIATURE = [
-    "data.num_samples=600", "max_epochs=2", "model.warmup_epochs=0", "model.milestones=[1,1.5]",
-    "step_time_warmup=2", "checkpoint.every_n_epochs=0", "progress_every_s=0",
+    "data.num_samples=600",
+    "max_epochs=2",
+    "model.warmup_epochs=0",
+    "model.milestones=[1,1.5]",
+    "step_time_warmup=2",
+    "checkpoint.every_n_epochs=0",
+    "progress_every_s=0",
 ]
 
 
@@ -153,10 +188,23 @@ def test_every_sweep_of_the_study_passes_the_apps_checks(tmp_path):
     study itself, 18 runs in 21 minutes, is the script's to run: docs/accuracy/compression-study.md.)"""
     from tests.helpers.app import preflight
 
-    env = {**os.environ, "DRY_RUN": "1", "RUN_ID": "mini", "OUT_ROOT": str(tmp_path / "out"), "WORKERS": "2", "SEEDS": "0"}
+    env = {
+        **os.environ,
+        "DRY_RUN": "1",
+        "RUN_ID": "mini",
+        "OUT_ROOT": str(tmp_path / "out"),
+        "WORKERS": "2",
+        "SEEDS": "0",
+    }
     done = subprocess.run(
         ["bash", str(SCRIPTS / "compression_study.sh"), *MINIATURE],
-        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     sweeps = [shlex.split(line) for line in done.stdout.splitlines() if "lightning_cocod.app.train" in line]

@@ -62,7 +62,15 @@ def test_groups_have_the_options_the_layout_promises():
     assert set(options("data")) == {"cifar10", "cifar100", "digits", "mnist1d", "synthetic", "markov"}
     assert set(options("launcher")) == {"cpu", "gpu", "torchrun", "slurm"}
     assert set(options("logger")) == {"wandb", "csv", "none"}
-    experiments = {"resnet18_cifar10", "vgg16_cifar100", "smoke", "digits_cocod", "mnist1d", "gpt", "gpt_smoke"}
+    experiments = {
+        "resnet18_cifar10",
+        "vgg16_cifar100",
+        "smoke",
+        "digits_cocod",
+        "mnist1d",
+        "gpt",
+        "gpt_smoke",
+    }
     assert experiments <= set(options("experiment"))
 
 
@@ -272,7 +280,10 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["trainer.devices=4"], "unknown key 'trainer.devices'; trainer accepts: benchmark"),
         (["trainer.devices=4"], "the app sets it from launcher.devices"),
         (["+trainer.devices=4"], "trainer.devices is set by the app from launcher.devices"),
-        (["model._target_=mymod.MyModule"], "model._target_='mymod.MyModule' is invalid; accepted: an importable class"),
+        (
+            ["model._target_=mymod.MyModule"],
+            "model._target_='mymod.MyModule' is invalid; accepted: an importable class",
+        ),
         (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
@@ -332,7 +343,11 @@ def test_commands_that_run_nothing_need_no_data_and_no_checks(tmp_path, monkeypa
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "lightning_cocod.app.train", *argv],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
         )
         for argv in commands
     ]
@@ -403,7 +418,9 @@ def test_auto_resume_continues_the_newest_checkpoint_or_starts_afresh(tmp_path):
 
 
 def test_a_hydra_launcher_plugin_is_refused_for_a_single_run_too(tmp_path):
-    with pytest.raises(ConfigError, match=r"^hydra.launcher._target_=x.Joblib would not be used \(cocod-train"):
+    with pytest.raises(
+        ConfigError, match=r"^hydra.launcher._target_=x.Joblib would not be used \(cocod-train"
+    ):
         preflight(["experiment=smoke", f"out_root={tmp_path}", "hydra.launcher._target_=x.Joblib"])
     assert preflight(["experiment=smoke", f"out_root={tmp_path}"])  # Hydra's basic launcher, the default
 
@@ -476,7 +493,11 @@ def test_help_lists_the_groups_and_the_top_level_options(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_cocod.app.train", "--help"],
-        cwd=tmp_path / "empty", capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL,
+        cwd=tmp_path / "empty",
+        capture_output=True,
+        text=True,
+        timeout=50,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -612,11 +633,15 @@ def test_the_hint_for_a_replaced_model_target_is_a_command_that_works(own_module
         ("NoTestStep", "test_step", "records the test/acc it logs"),
     ],
 )
-def test_a_module_without_a_hook_the_app_needs_is_refused_before_anything_runs(module, hook, use, own_modules):
+def test_a_module_without_a_hook_the_app_needs_is_refused_before_anything_runs(
+    module, hook, use, own_modules
+):
     out = own_modules / "out"
     with pytest.raises(ConfigError) as info:
         preflight(["experiment=smoke", "~model", f"+model._target_=ownmods.{module}", f"out_root={out}"])
     message = str(info.value)
-    assert message.startswith(f"model._target_='ownmods.{module}' is invalid; accepted: a LightningModule with ")
+    assert message.startswith(
+        f"model._target_='ownmods.{module}' is invalid; accepted: a LightningModule with "
+    )
     assert f"has no {hook}, which the app needs: " in message and use in message and "\n" not in message
     assert not out.exists()

@@ -32,7 +32,7 @@ from pytorch_lightning.callbacks import (
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning_cocod  # noqa: F401 - registers the strategy names
+import lightning_cocod
 from tests.helpers import toy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -45,7 +45,9 @@ N, BATCH = 32, 4  # 16 samples per rank under the distributed sampler: 4 steps p
 def data(seed: int) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, 4, generator=g)
-    return TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(N, 1, generator=g))
+    return TensorDataset(
+        x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(N, 1, generator=g)
+    )
 
 
 def loader(seed: int) -> DataLoader:
@@ -54,8 +56,14 @@ def loader(seed: int) -> DataLoader:
 
 def trainer(strategy, **kwargs) -> pl.Trainer:
     settings = {
-        "accelerator": "cpu", "devices": WORLD, "logger": False, "enable_progress_bar": False,
-        "enable_model_summary": False, "enable_checkpointing": False, "num_sanity_val_steps": 0, **kwargs,
+        "accelerator": "cpu",
+        "devices": WORLD,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+        **kwargs,
     }
     return pl.Trainer(strategy=strategy, **settings)
 
@@ -140,15 +148,24 @@ def full_loss(model: Regression, seed: int) -> float:
 
 @pytest.mark.parametrize(
     "option",
-    ["find_unused_parameters", "static_graph", "gradient_as_bucket_view", "bucket_cap_mb", "broadcast_buffers",
-     "model_averaging_period", "ddp_comm_hook"],
+    [
+        "find_unused_parameters",
+        "static_graph",
+        "gradient_as_bucket_view",
+        "bucket_cap_mb",
+        "broadcast_buffers",
+        "model_averaging_period",
+        "ddp_comm_hook",
+    ],
 )
 @pytest.mark.parametrize("strategy", OURS)
 def test_ddp_options_are_refused_naming_them_and_why(strategy, option):
     cls = pl.Trainer(strategy=strategy, accelerator="cpu", devices=1, logger=False).strategy.__class__
     with pytest.raises(TypeError, match=rf"unsupported option\(s\) {option}=1: they configure DDP's wrapper"):
         cls(**{option: 1})
-    with pytest.raises(TypeError, match=r"unsupported option\(s\) taux=4: it accepts the algorithm's own options"):
+    with pytest.raises(
+        TypeError, match=r"unsupported option\(s\) taux=4: it accepts the algorithm's own options"
+    ):
         cls(taux=4)
 
 
@@ -194,18 +211,24 @@ def test_distributed_sampler_gives_each_rank_its_own_shard_every_epoch(tmp_path,
 @pytest.mark.parametrize("strategy", OURS)
 def test_model_checkpoint_keeps_the_top_k_and_each_holds_the_model_validation_scored(tmp_path, strategy):
     model = Regression(tmp_path, lr=0.02)
-    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val_loss", save_top_k=2, filename="{epoch}")
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", monitor="val_loss", save_top_k=2, filename="{epoch}"
+    )
     t = trainer(strategy, max_epochs=4, enable_checkpointing=True, callbacks=[checkpoints])
     t.fit(model)
     scores = {epoch: loss for epoch, loss in ranks(tmp_path)[0]["val"]}
     best = sorted(scores, key=scores.get)[:2]
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt")) == sorted(f"epoch={e}.ckpt" for e in best)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt")) == sorted(
+        f"epoch={e}.ckpt" for e in best
+    )
     assert Path(t.checkpoint_callback.best_model_path).name == f"epoch={best[0]}.ckpt"
     for epoch in best:
         # A checkpoint is a synchronisation point and validation sees the workers' average: the
         # two are the same model.
         saved = Regression()
-        saved.load_state_dict(torch.load(tmp_path / "ckpt" / f"epoch={epoch}.ckpt", weights_only=False)["state_dict"])
+        saved.load_state_dict(
+            torch.load(tmp_path / "ckpt" / f"epoch={epoch}.ckpt", weights_only=False)["state_dict"]
+        )
         assert full_loss(saved, 2) == pytest.approx(scores[epoch], rel=1e-5)
 
 
@@ -277,8 +300,12 @@ def test_ema_ends_with_the_average_of_the_workers_ema_models(tmp_path, strategy)
     model = Regression(tmp_path)
     ema = EMAWeightAveraging(decay=decay, use_buffers=False)
     trainer(strategy, max_epochs=2, limit_val_batches=0, callbacks=[Track(), ema]).fit(model)
-    expected = sum(torch.tensor(json.loads((tmp_path / f"ema{r}.json").read_text())) for r in range(WORLD)) / WORLD
-    torch.testing.assert_close(torch.tensor(weights(model), dtype=torch.float64), expected.double(), rtol=0, atol=1e-5)
+    expected = (
+        sum(torch.tensor(json.loads((tmp_path / f"ema{r}.json").read_text())) for r in range(WORLD)) / WORLD
+    )
+    torch.testing.assert_close(
+        torch.tensor(weights(model), dtype=torch.float64), expected.double(), rtol=0, atol=1e-5
+    )
 
 
 # -- manual optimization and collectives --------------------------------------------------------
@@ -306,7 +333,9 @@ def test_manual_optimization_follows_the_update_rule(tmp_path):
     trajectory, final = toy.reference_cocod(WORLD, steps, tau)
     for r, record in enumerate(toy.read_ranks(tmp_path, WORLD)):
         want = torch.tensor([step[r] for step in trajectory], dtype=torch.float64)
-        torch.testing.assert_close(torch.tensor(record["trajectory"], dtype=torch.float64), want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(record["trajectory"], dtype=torch.float64), want, rtol=0, atol=1e-6
+        )
         torch.testing.assert_close(torch.tensor(record["final"]), torch.tensor(final[r]), rtol=0, atol=1e-6)
 
 
@@ -332,8 +361,12 @@ def test_collectives(tmp_path, strategy):
     for r in range(WORLD):
         found = json.loads((tmp_path / f"collectives{r}.json").read_text())
         assert found == {
-            "all_gather": [1.0, 2.0], "reduce_sum": [3.0], "reduce_mean": [1.5], "broadcast": {"from": 0},
-            "any": True, "all": False,
+            "all_gather": [1.0, 2.0],
+            "reduce_sum": [3.0],
+            "reduce_mean": [1.5],
+            "broadcast": {"from": 0},
+            "any": True,
+            "all": False,
         }
 
 
@@ -382,13 +415,19 @@ def reference(name: str, steps: int, tau: int):
 def test_rebound_or_replaced_parameters_are_still_averaged(tmp_path, strategy, module):
     steps, tau = 10, 4
     # A fixed period, as the reference's (CoCoD's default by name is tau="auto", which follows timing).
-    built = lightning_cocod.CoCoDStrategy(tau=tau, start_method="fork") if strategy == "cocod_fork" else strategy
-    trainer(built, max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(module(steps, str(tmp_path)))
-    trajectory, final = reference(STRATEGIES[strategy], steps, tau)
+    built = (
+        lightning_cocod.CoCoDStrategy(tau=tau, start_method="fork") if strategy == "cocod_fork" else strategy
+    )
+    trainer(built, max_steps=steps, limit_val_batches=0, use_distributed_sampler=False).fit(
+        module(steps, str(tmp_path))
+    )
+    trajectory, _final = reference(STRATEGIES[strategy], steps, tau)
     records = toy.read_ranks(tmp_path, WORLD)
     for r, record in enumerate(records):
         want = torch.tensor([step[r] for step in trajectory], dtype=torch.float64)
-        torch.testing.assert_close(torch.tensor(record["trajectory"], dtype=torch.float64), want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(record["trajectory"], dtype=torch.float64), want, rtol=0, atol=1e-6
+        )
     assert records[0]["final"] == records[1]["final"]
 
 
@@ -427,8 +466,14 @@ class Unregistered(toy.ToyRegression):
     ("module", "message"),
     [
         (Growing, r"tensor 'extra' was added at optimizer step \d+"),
-        (Reshaping, r"tensor 'spare' changed from \(2,\) torch.float64 on cpu to \(3,\) torch.float64 on cpu"),
-        (Unregistered, r"optimizer trains a tensor of shape \(1,\) \(param group 0, index 2\) that is not a parameter"),
+        (
+            Reshaping,
+            r"tensor 'spare' changed from \(2,\) torch.float64 on cpu to \(3,\) torch.float64 on cpu",
+        ),
+        (
+            Unregistered,
+            r"optimizer trains a tensor of shape \(1,\) \(param group 0, index 2\) that is not a parameter",
+        ),
     ],
 )
 @pytest.mark.parametrize("strategy", ["cocod_fork", "pipe_sgd_fork"])
@@ -474,7 +519,10 @@ def test_a_checkpoint_saved_by_the_main_process_resumes(tmp_path, strategy, work
         assert json.loads((tmp_path / f"start{r}.json").read_text()) == pytest.approx(expected, abs=0)
     # Lightning's loops resume from what the file says (the main process ran none: epoch 0).
     steps_per_epoch = N // workers // BATCH
-    assert ranks_done(tmp_path, workers) == [saved["global_step"] + (2 - saved["epoch"]) * steps_per_epoch] * workers
+    assert (
+        ranks_done(tmp_path, workers)
+        == [saved["global_step"] + (2 - saved["epoch"]) * steps_per_epoch] * workers
+    )
 
 
 def ranks_done(out_dir: Path, workers: int) -> list[int]:
@@ -487,8 +535,14 @@ def ranks_done(out_dir: Path, workers: int) -> list[int]:
 def _rank_process(rank: int, port: int, strategy: str, out: str) -> None:
     # As torchrun starts a rank: the environment names it, and the process runs fit itself (the
     # process that runs rank 0 is the user's own under the popen launcher and torchrun).
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), RANK=str(rank),
-                      LOCAL_RANK=str(rank), NODE_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(WORLD),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+    )
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         os.environ.pop(name, None)
     before = dict(os.environ)
@@ -509,7 +563,9 @@ def changed_environment(tmp_path: Path, strategy: str) -> list:
         port = s.getsockname()[1]
     context = multiprocessing.get_context("fork")
     outs = [tmp_path / f"env-{strategy}{r}.json" for r in range(WORLD)]
-    processes = [context.Process(target=_rank_process, args=(r, port, strategy, str(outs[r]))) for r in range(WORLD)]
+    processes = [
+        context.Process(target=_rank_process, args=(r, port, strategy, str(outs[r]))) for r in range(WORLD)
+    ]
     for process in processes:
         process.start()
     for process in processes:

@@ -17,8 +17,11 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 def test_validation_sees_the_average_and_leaves_the_trajectory_alone(tmp_path):
     ranks = fit(
-        CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path,
-        limit_val_batches=1, val_check_interval=3, num_sanity_val_steps=1,
+        CoCoDStrategy(tau=TAU, start_method="fork"),
+        tmp_path,
+        limit_val_batches=1,
+        val_check_interval=3,
+        num_sanity_val_steps=1,
     )
     trajectory, final = toy.reference_cocod(WORLD, STEPS, TAU)
     assert_matches(ranks, trajectory, final)  # unchanged by the evaluations in between
@@ -33,13 +36,16 @@ def test_validation_sees_the_average_and_leaves_the_trajectory_alone(tmp_path):
 def test_round_figures_reach_the_logger(tmp_path):
     logger = pl.loggers.CSVLogger(tmp_path / "logs", name="run", version=0)
     fit(CoCoDStrategy(tau=2, start_method="fork"), tmp_path, logger=logger, log_every_n_steps=2)
-    rows = list(csv.DictReader(open(tmp_path / "logs" / "run" / "version_0" / "metrics.csv")))
+    with open(tmp_path / "logs" / "run" / "version_0" / "metrics.csv") as logged_file:
+        rows = list(csv.DictReader(logged_file))
     logged = [r for r in rows if r.get("comm/round_seconds")]
     assert len(logged) >= 3
     for row in logged:
         assert float(row["comm/round_seconds"]) > 0
         assert 0.0 <= float(row["comm/hidden_fraction"]) <= 1.0
-        assert float(row["comm/payload_bytes"]) == float(row["comm/bytes_sent"]) == (4 * 2 + 2) * 8  # Linear(4, 2) in float64, a ring of 2
+        assert (
+            float(row["comm/payload_bytes"]) == float(row["comm/bytes_sent"]) == (4 * 2 + 2) * 8
+        )  # Linear(4, 2) in float64, a ring of 2
 
 
 def test_accumulation_counts_optimizer_steps(tmp_path):
@@ -58,9 +64,16 @@ def test_one_device_is_plain_training(tmp_path):
         torch.manual_seed(0)
         module = toy.ToyRegression(6, str(tmp_path))
         trainer = pl.Trainer(
-            strategy=strategy, accelerator="cpu", devices=1, max_steps=6, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            limit_val_batches=0, use_distributed_sampler=False,  # the same batches for both
+            strategy=strategy,
+            accelerator="cpu",
+            devices=1,
+            max_steps=6,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            use_distributed_sampler=False,  # the same batches for both
         )
         trainer.fit(module)
         results.append(module.trajectory)

@@ -23,14 +23,20 @@ def fit_and_test(strategy) -> float:
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10), lr=0.05, momentum=0.9, schedule="none")
     data = DigitsDataModule(batch_size=32)
     trainer = pl.Trainer(
-        strategy=strategy, accelerator="cpu", devices=2, max_epochs=EPOCHS, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, check_val_every_n_epoch=EPOCHS, callbacks=[SingleThread()],
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_epochs=EPOCHS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=EPOCHS,
+        callbacks=[SingleThread()],
     )
     trainer.fit(model, datamodule=data)
     return trainer.test(model, datamodule=data, verbose=False)[0]["test/acc"]
-
-
 
 
 def test_cocod_matches_ssgd_accuracy_on_digits():

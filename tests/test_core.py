@@ -72,7 +72,9 @@ def test_cocod_round_scaling_the_progress_hand_computed(progress, expected):
 
 @pytest.mark.parametrize("progress", [0, -0.5, math.inf, math.nan, True, "half"])
 def test_progress_that_is_no_positive_number_is_refused(progress):
-    with pytest.raises(ValueError, match="progress=.* is invalid; accepted: a positive number \\(1: the paper's merge"):
+    with pytest.raises(
+        ValueError, match="progress=.* is invalid; accepted: a positive number \\(1: the paper's merge"
+    ):
         CoCoDRound([torch.zeros(2)], FakeCluster(1).comms[0], progress=progress)
 
 
@@ -116,7 +118,9 @@ def test_merge_preserves_mean_and_differences(world):
             deltas = [before[i][k] - snaps[i][k] for i in range(world)]
             for i in range(world):
                 for j in range(world):
-                    torch.testing.assert_close(after[i][k] - after[j][k], deltas[i] - deltas[j], rtol=0, atol=1e-12)
+                    torch.testing.assert_close(
+                        after[i][k] - after[j][k], deltas[i] - deltas[j], rtol=0, atol=1e-12
+                    )
 
 
 @pytest.mark.parametrize("weights", [None, [0.7, 0.3]])
@@ -128,7 +132,9 @@ def test_partial_progress_shrinks_differences_and_moves_the_mean_by_that_share(w
     for snaps, before, after in _simulate(world, rounds=3, tau=2, weights=weights, progress=lam):
         for k in range(len(before[0])):
             deltas = [before[i][k] - snaps[i][k] for i in range(world)]
-            torch.testing.assert_close(after[0][k] - after[1][k], lam * (deltas[0] - deltas[1]), rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                after[0][k] - after[1][k], lam * (deltas[0] - deltas[1]), rtol=0, atol=1e-12
+            )
             mean_snap = sum(pi * s[k] for pi, s in zip(p, snaps))
             mean_delta = sum(pi * d for pi, d in zip(p, deltas))
             mean_after = sum(pi * a[k] for pi, a in zip(p, after))
@@ -143,7 +149,9 @@ def test_weighted_merge_preserves_weighted_mean():
             wa = sum(pi * a[k] for pi, a in zip(p, after))
             torch.testing.assert_close(wa, wb, rtol=0, atol=1e-12)
             expected_avg = sum(pi * s[k] for pi, s in zip(p, snaps))
-            torch.testing.assert_close(after[0][k], expected_avg + before[0][k] - snaps[0][k], rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                after[0][k], expected_avg + before[0][k] - snaps[0][k], rtol=0, atol=1e-12
+            )
 
 
 def test_zero_lr_round_gives_the_average():

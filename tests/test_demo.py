@@ -18,9 +18,25 @@ def test_small_demo_prints_the_table_and_writes_the_plot(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         # tau=2: rounds of every length the epoch allows (22 steps), and more of them to count.
-        [sys.executable, "-m", "lightning_cocod.tools.demo", "--epochs", "1", "--methods", "ssgd,cocod:int8",
-         "--tau", "2", "--width", "16", "--out", str(out)],
-        capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "lightning_cocod.tools.demo",
+            "--epochs",
+            "1",
+            "--methods",
+            "ssgd,cocod:int8",
+            "--tau",
+            "2",
+            "--width",
+            "16",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^\| S-SGD +\|", proc.stdout, re.MULTILINE) and "| CoCoD-SGD tau=2 int8 " in proc.stdout
@@ -61,8 +77,12 @@ def test_the_table_shows_a_dash_where_a_figure_does_not_apply():
         # step, seconds, exposed seconds, bytes sent, bytes received, codec seconds].
         rounds = [[k, k + 2, 0.1, 0.0, sent, sent, codec] for k in range(0, 8, 2)] if recorded else []
         rank = {
-            "test_acc": 0.9, "timeline": [{"seconds": 4.0, "accuracy": 0.9}], "train_seconds": 4.0,
-            "step_ends": [0.5 * k for k in range(1, 9)], "tau": 2, "rounds": rounds,
+            "test_acc": 0.9,
+            "timeline": [{"seconds": 4.0, "accuracy": 0.9}],
+            "train_seconds": 4.0,
+            "step_ends": [0.5 * k for k in range(1, 9)],
+            "tau": 2,
+            "rounds": rounds,
             "comm": {"comm_seconds": 0.4, "exposed_seconds": 0.1} if recorded else None,
         }
         return [rank, rank]
@@ -87,8 +107,16 @@ def test_the_table_shows_a_dash_where_a_figure_does_not_apply():
     ("module", "argv", "message"),
     [
         (demo, ["--rate", "3 mbps"], "rate '3 mbps'"),
-        (demo, ["--methods", "cocod,fast"], "--methods: method 'fast' not understood; accepted: ssgd, pipe_sgd, local_sgd"),
-        (demo, ["--methods", "cocod:int4"], "option 'int4' of method 'cocod:int4' not understood; accepted: "),
+        (
+            demo,
+            ["--methods", "cocod,fast"],
+            "--methods: method 'fast' not understood; accepted: ssgd, pipe_sgd, local_sgd",
+        ),
+        (
+            demo,
+            ["--methods", "cocod:int4"],
+            "option 'int4' of method 'cocod:int4' not understood; accepted: ",
+        ),
         (demo, ["--methods", "cocod:auto"], "the demo runs fixed periods without proportional sampling"),
         (demo, ["--workers", "1"], "--workers must be at least 2, got 1"),
         (bench, ["--rates", "100mbit,lots"], "rate 'lots'"),

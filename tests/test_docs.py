@@ -20,34 +20,23 @@ NEEDS = ("cluster", "root", "gpu", "network", "long")  # why a command is not ru
 # the options that matter), and that test; ".ci/run" runs its command verbatim. A command here
 # must be on a page, and a command on a page must be here or carry "# needs: <one of NEEDS>".
 COMMANDS_RUN_BY_TESTS = {
-    'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q -n 2': ".ci/run",
-    "pip install torch==2.13.0 -e . && cocod-demo":
-        "tests/test_demo.py::test_small_demo_prints_the_table_and_writes_the_plot",
+    'pip install torch==2.13.0 -e ".[test]" && ruff format --check . && ruff check . && python -m pytest -q -n 2': ".ci/run",
+    "pip install torch==2.13.0 -e . && cocod-demo": "tests/test_demo.py::test_small_demo_prints_the_table_and_writes_the_plot",
     "cocod-demo": "tests/test_demo.py::test_small_demo_prints_the_table_and_writes_the_plot",
-    "python examples/first_example.py":
-        "tests/test_app_pieces.py::test_the_first_example_trains_two_workers_to_well_above_chance",
-    "torchrun --nproc-per-node=2 examples/loop_example.py":
-        "tests/test_examples.py::test_the_plain_pytorch_example_runs_under_torchrun",
+    "python examples/first_example.py": "tests/test_app_pieces.py::test_the_first_example_trains_two_workers_to_well_above_chance",
+    "torchrun --nproc-per-node=2 examples/loop_example.py": "tests/test_examples.py::test_the_plain_pytorch_example_runs_under_torchrun",
     "python examples/fabric_example.py": "tests/test_examples.py::test_the_fabric_example_runs",
-    "cocod-plan --workers 16,64 --bandwidth 10gbit --latency 50us --model resnet18 --step-ms 60":
-        "tests/test_plan.py::test_the_command_prints_every_method_and_a_period",
+    "cocod-plan --workers 16,64 --bandwidth 10gbit --latency 50us --model resnet18 --step-ms 60": "tests/test_plan.py::test_the_command_prints_every_method_and_a_period",
     "cocod-train experiment=smoke": "tests/test_packaging.py::test_an_installed_package_trains_from_an_empty_folder",
-    "cocod-train --cfg job experiment=smoke":
-        "tests/test_config.py::test_cfg_job_prints_the_default_config_on_a_machine_without_data",
+    "cocod-train --cfg job experiment=smoke": "tests/test_config.py::test_cfg_job_prints_the_default_config_on_a_machine_without_data",
     "cocod-train --help": "tests/test_config.py::test_help_lists_the_groups_and_the_top_level_options",
-    "cocod-train -m experiment=smoke strategy=ssgd,cocod,local_sgd tau=2,4,8 seed=0,1,2":
-        "tests/test_train_app.py::test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd",
-    "cocod-report outputs --group smoke":
-        "tests/test_report.py::test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_marks_late_ones",
-    "cocod-train experiment=smoke '~model' +model._target_=mymod.MyModule":
-        "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
-    "cocod-train experiment=smoke data._target_=mymod.MyData":
-        "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
+    "cocod-train -m experiment=smoke strategy=ssgd,cocod,local_sgd tau=2,4,8 seed=0,1,2": "tests/test_train_app.py::test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd",
+    "cocod-report outputs --group smoke": "tests/test_report.py::test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_marks_late_ones",
+    "cocod-train experiment=smoke '~model' +model._target_=mymod.MyModule": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
+    "cocod-train experiment=smoke data._target_=mymod.MyData": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
     "torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=127.0.0.1 --master-port=29500 -m "
-    "lightning_cocod.app.train launcher=torchrun experiment=smoke run_id=two launcher.threads_per_worker=1":
-        "tests/test_multinode.py::test_two_torchrun_agents_run_the_smoke_experiment_on_cpu",
-    "cocod-train experiment=smoke run_id=<the run's id> checkpoint.resume=last":
-        "tests/test_train_app.py::test_a_preempted_run_resumes_with_the_one_command_it_prints",
+    "lightning_cocod.app.train launcher=torchrun experiment=smoke run_id=two launcher.threads_per_worker=1": "tests/test_multinode.py::test_two_torchrun_agents_run_the_smoke_experiment_on_cpu",
+    "cocod-train experiment=smoke run_id=<the run's id> checkpoint.resume=last": "tests/test_train_app.py::test_a_preempted_run_resumes_with_the_one_command_it_prints",
     "mkdocs build --strict": "tests/test_docs.py::test_the_site_builds_with_strict_warnings_as_errors",
 }
 # How a test names the program a command runs, besides its own name.
@@ -76,7 +65,7 @@ def fences(text: str):
         body, start = [], i + 1
         i += 1
         while i < len(lines) and not re.match(rf"^\s*{ticks}\s*$", lines[i]):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            body.append(lines[i].removeprefix(indent))
             i += 1
         found.append((info.strip(), body, start))
         i += 1
@@ -132,7 +121,9 @@ def python_problems(page: Path, root: Path = ROOT) -> tuple[list[str], list[tupl
                     problems.append(f"{where}:{line}: includes {path}, which no test runs")
             continue
         if info != "python":
-            problems.append(f'{where}:{line}: unknown python fence {info!r}: use ```python or ```python title="sketch"')
+            problems.append(
+                f'{where}:{line}: unknown python fence {info!r}: use ```python or ```python title="sketch"'
+            )
             continue
         runnable.append((f"{where}:{line}", code))
     return problems, runnable
@@ -207,12 +198,29 @@ def test_the_site_builds_with_strict_warnings_as_errors(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     site = tmp_path / "site"
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=220, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        stdin=subprocess.DEVNULL,
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     front = (site / "index.html").read_text()
-    assert "8 local steps per round" in front  # a comment of examples/first_example.py, included at build time
+    assert (
+        "8 local steps per round" in front
+    )  # a comment of examples/first_example.py, included at build time
     reference = (site / "reference" / "index.html").read_text()
     assert "Computation and communication decoupled SGD" in reference  # CoCoDStrategy's docstring
 
@@ -227,8 +235,13 @@ def test_every_python_block_is_run_included_from_a_tested_file_or_a_sketch():
 @pytest.mark.parametrize(("where", "code"), all_python_blocks(), ids=[w for w, _ in all_python_blocks()])
 def test_runnable_python_blocks_run(where, code):
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert done.returncode == 0, f"{where}:\n{done.stderr[-3000:]}"
 
@@ -269,9 +282,13 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert indented_code_lines(text) == [8]
     problems, runnable = python_problems(page, root=tmp_path)
     assert [code for _, code in runnable] == ["print(1)\n"]
-    assert len(problems) == 2 and "examples/missing.py" in problems[0] and "unknown python fence" in problems[1]
+    assert (
+        len(problems) == 2 and "examples/missing.py" in problems[0] and "unknown python fence" in problems[1]
+    )
     assert runner_problem("cocod-report x", "tests/test_report.py::test_no_such_test") is not None
-    assert runner_problem("cocod-demo", "tests/test_plan.py::test_the_command_prints_every_method_and_a_period")
+    assert runner_problem(
+        "cocod-demo", "tests/test_plan.py::test_the_command_prints_every_method_and_a_period"
+    )
 
 
 def lists_without_a_blank_line(text: str) -> list[int]:
@@ -281,24 +298,34 @@ def lists_without_a_blank_line(text: str) -> list[int]:
     for number, line in enumerate(text.splitlines(), 1):
         if re.match(r"^\s*`{3,}[^`]*$", line):
             in_fence = not in_fence
-        elif not in_fence and re.match(r"^(- |\d+\. )", line) and previous.strip():
-            if not re.match(r"^(\s|- |\d+\. |\|)", previous):
-                found.append(number)
+        elif (
+            not in_fence
+            and re.match(r"^(- |\d+\. )", line)
+            and previous.strip()
+            and not re.match(r"^(\s|- |\d+\. |\|)", previous)
+        ):
+            found.append(number)
         previous = line
     return found
 
 
 def test_every_list_starts_after_a_blank_line():
     assert lists_without_a_blank_line("Text:\n- an item\n\nText:\n\n- an item\n- another\n") == [2]
-    problems = [f"{page.relative_to(ROOT)}:{n}" for page in PAGES[1:] for n in lists_without_a_blank_line(page.read_text())]
-    assert not problems, "a list right after a paragraph line renders as raw text on the site: " + ", ".join(problems)
+    problems = [
+        f"{page.relative_to(ROOT)}:{n}"
+        for page in PAGES[1:]
+        for n in lists_without_a_blank_line(page.read_text())
+    ]
+    assert not problems, "a list right after a paragraph line renders as raw text on the site: " + ", ".join(
+        problems
+    )
 
 
 def test_the_readme_is_short_and_keeps_the_two_set_up_commands():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
     assert "pip install torch==2.13.0 -e . && cocod-demo\n" in readme
-    test_command = 'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q -n 2'
+    test_command = 'pip install torch==2.13.0 -e ".[test]" && ruff format --check . && ruff check . && python -m pytest -q -n 2'
     assert test_command + "\n" in readme and runner_problem(test_command, ".ci/run") is None
     # The first example, shown whole: the file the test runs.
     assert (ROOT / "examples" / "first_example.py").read_text() in readme
@@ -314,7 +341,9 @@ def test_the_headline_is_short_and_its_figures_are_the_documented_ones():
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("|---")]
     assert rows, "the headline has a table"
     missing = [row for row in rows if row not in documented]
-    assert not missing, "headline rows that no page of docs/ holds (with their provenance):\n" + "\n".join(missing)
+    assert not missing, "headline rows that no page of docs/ holds (with their provenance):\n" + "\n".join(
+        missing
+    )
 
 
 def test_the_readme_links_and_images_point_at_files_that_exist():
@@ -338,14 +367,17 @@ def test_the_readme_links_and_images_point_at_files_that_exist():
 def test_the_api_reference_has_every_public_name(module, page):
     text = (ROOT / "docs" / "reference" / page).read_text()
     missing = [
-        name for name in public_names(module)
+        name
+        for name in public_names(module)
         if not re.search(rf"^::: [\w.]+\.{name}$|^      heading: \"{name}\"$", text, re.MULTILINE)
     ]
     assert not missing, f"docs/reference/{page} lacks {missing}"
 
 
 def test_the_loop_reference_lists_every_loop_class():
-    loops = re.findall(r"^class (\w+)\(_RoundsLoop\)", (ROOT / "lightning_cocod" / "loop.py").read_text(), re.MULTILINE)
+    loops = re.findall(
+        r"^class (\w+)\(_RoundsLoop\)", (ROOT / "lightning_cocod" / "loop.py").read_text(), re.MULTILINE
+    )
     text = (ROOT / "docs" / "reference" / "loop.md").read_text()
     assert loops and [name for name in loops if f'"{name}"' not in text] == []
 

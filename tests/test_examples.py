@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(300
 
 def run(*command: str, env: dict[str, str] | None = None) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False, env=env)
+    proc = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False, env=env
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -28,7 +30,9 @@ def final_accuracy(output: str) -> float:
 
 
 def test_the_plain_pytorch_example_runs_under_torchrun():
-    output = run(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "examples/loop_example.py")
+    output = run(
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "examples/loop_example.py"
+    )
     assert final_accuracy(output) > 0.85  # ten classes: chance is 0.1
 
 
@@ -42,7 +46,12 @@ def test_the_example_is_three_lines_added_to_a_script_that_runs_without_the_pack
     # One worker is enough to show it runs alone: torchrun's variables, set by hand.
     port = socket.socket()
     port.bind(("127.0.0.1", 0))
-    one = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.getsockname()[1])}
+    one = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port.getsockname()[1]),
+    }
     port.close()
     output = run(sys.executable, str(without), env=one)
     assert final_accuracy(output) > 0.5  # the worker alone still learns
@@ -80,7 +89,12 @@ def test_the_gpt_example_is_three_lines_added_to_a_script_that_runs_without_them
     assert "lightning_cocod" not in text
     port = socket.socket()
     port.bind(("127.0.0.1", 0))
-    one = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.getsockname()[1])}
+    one = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port.getsockname()[1]),
+    }
     port.close()
     loss, unigram, optimum = final_val_loss(run(sys.executable, str(without), env=one))
     assert optimum < loss < unigram - 0.2  # the worker alone still learns

@@ -63,7 +63,8 @@ def run(method, out, *args):
 
 
 @pytest.mark.parametrize(
-    ("method", "load_first"), [("cocod", False), ("cocod+int8", False), ("local_sgd", False), ("cocod+int8", True)],
+    ("method", "load_first"),
+    [("cocod", False), ("cocod+int8", False), ("local_sgd", False), ("cocod+int8", True)],
     ids=["cocod", "cocod-int8", "local_sgd", "cocod-int8-loaded-before-setup"],
 )
 def test_a_run_resumed_from_fabric_save_mid_round_ends_bit_for_bit(tmp_path, method, load_first):
@@ -105,7 +106,11 @@ def other_files(fabric, out, plain, other_size):
     logging.getLogger("lightning_cocod.strategies.fabric").addHandler(handler)
     model = toy.initial_model()
     model, optimizer = fabric.setup(model, sgd(model))
-    state, loop, data = {"model": model, "optimizer": optimizer}, fabric.strategy.loop, batches(fabric.global_rank)
+    state, loop, data = (
+        {"model": model, "optimizer": optimizer},
+        fabric.strategy.loop,
+        batches(fabric.global_rank),
+    )
 
     def step(x, y):
         fabric.backward(torch.nn.functional.mse_loss(model(x), y))
@@ -116,7 +121,11 @@ def other_files(fabric, out, plain, other_size):
     step(*data[1])
     fabric.save(other_size, state)
     # fabric.save's filter, on the optimizer's entry: each rank's own copy is filtered alike.
-    fabric.save(Path(other_size).with_name("filtered.pt"), state, filter={"optimizer": lambda k, v: k == "param_groups"})
+    fabric.save(
+        Path(other_size).with_name("filtered.pt"),
+        state,
+        filter={"optimizer": lambda k, v: k == "param_groups"},
+    )
     step(*data[2])
     fabric.load(other_size, state)  # back to step 2
     steps = [loop.steps]
@@ -129,7 +138,9 @@ def other_files(fabric, out, plain, other_size):
         torch.save({"model": saved["model"], "payload": RunsSystem(Path(out, "marker"))}, evil)
         del saved[INTEGRITY_KEY]
         saved["lightning_cocod"]["world_size"] = 3
-        atomic_save(TorchCheckpointIO(), saved, other_size)  # whole, with a record: refused for its size alone
+        atomic_save(
+            TorchCheckpointIO(), saved, other_size
+        )  # whole, with a record: refused for its size alone
     fabric.barrier()
     refusals = []
     for path in (flipped, evil):
@@ -152,7 +163,11 @@ def other_files(fabric, out, plain, other_size):
     step(*data[4])  # refused, the load leaves the loop running
     steps.append(loop.steps)
     result = {
-        "steps": steps, "loaded": loaded, "warnings": warnings, "refused": refused, "untouched": untouched,
+        "steps": steps,
+        "loaded": loaded,
+        "warnings": warnings,
+        "refused": refused,
+        "untouched": untouched,
         "refusals": refusals,
     }
     Path(out, f"rank{fabric.global_rank}.json").write_text(json.dumps(result))
@@ -201,15 +216,23 @@ def test_a_plain_fabric_file_loads_and_another_world_size_is_refused(tmp_path):
     assert ranks[1]["warnings"] == []
     filtered = torch.load(tmp_path / "filtered.pt", weights_only=True)
     assert set(filtered["optimizer"]) == {"param_groups"}
-    assert [set(r["optimizers"]["optimizer"]) for r in filtered["lightning_cocod"]["ranks"]] == [{"param_groups"}] * WORLD
+    assert [set(r["optimizers"]["optimizer"]) for r in filtered["lightning_cocod"]["ranks"]] == [
+        {"param_groups"}
+    ] * WORLD
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"start_method": "bogus"}, "start_method='bogus' is invalid; accepted: popen, spawn, fork, forkserver"),
+        (
+            {"start_method": "bogus"},
+            "start_method='bogus' is invalid; accepted: popen, spawn, fork, forkserver",
+        ),
         ({"weight": 2.0}, "weight=2.0 is invalid; accepted: None (the plain mean) or a number in (0, 1]"),
-        ({"process_group_backend": "bogus"}, "process_group_backend='bogus' is invalid; accepted: None (gloo on CPU, nccl on GPU) or one of gloo, nccl"),
+        (
+            {"process_group_backend": "bogus"},
+            "process_group_backend='bogus' is invalid; accepted: None (gloo on CPU, nccl on GPU) or one of gloo, nccl",
+        ),
     ],
 )
 def test_fabric_strategy_options_are_refused_at_construction(options, message):

@@ -36,17 +36,27 @@ print(json.dumps(found))
 )
 def test_both_fabric_namespaces_know_our_methods(imports):
     proc = subprocess.run(
-        [sys.executable, "-c", CHECK.format(imports=imports)], cwd=ROOT, capture_output=True, text=True, timeout=150,
+        [sys.executable, "-c", CHECK.format(imports=imports)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    names = sorted(f"{method}{suffix}" for method in ("cocod", "local_sgd", "pipe_sgd")
-                   for suffix in ("", "_fork", "_notebook", "_spawn"))
+    names = sorted(
+        f"{method}{suffix}"
+        for method in ("cocod", "local_sgd", "pipe_sgd")
+        for suffix in ("", "_fork", "_notebook", "_spawn")
+    )
     homes = {"lightning_fabric": "lightning_cocod.fabric", "lightning.fabric": "lightning_cocod.lightning"}
     for package, home in homes.items():
         assert found[package] == {
-            "names": names, "chosen": f"{home}.LocalSGDFabricStrategy", "is_theirs": True, "loop": "LocalSGD",
+            "names": names,
+            "chosen": f"{home}.LocalSGDFabricStrategy",
+            "is_theirs": True,
+            "loop": "LocalSGD",
             "options": {"weight": None},
         }
 
@@ -54,8 +64,14 @@ def test_both_fabric_namespaces_know_our_methods(imports):
 def test_a_fabric_strategy_refuses_bad_options_at_once():
     from lightning_cocod.fabric import CoCoDFabricStrategy
 
-    with pytest.raises(ValueError, match=r"^CoCoDFabricStrategy: tau must be a positive integer or 'auto', got 'x'$"):
+    with pytest.raises(
+        ValueError, match=r"^CoCoDFabricStrategy: tau must be a positive integer or 'auto', got 'x'$"
+    ):
         CoCoDFabricStrategy(tau="x")
     with pytest.raises(ValueError, match=r"^CoCoDFabricStrategy: timeout=-1 is invalid"):
         CoCoDFabricStrategy(timeout=-1)
-    assert CoCoDFabricStrategy(tau=8, progress=0.5)._loop_options == {"weight": None, "tau": 8, "progress": 0.5}
+    assert CoCoDFabricStrategy(tau=8, progress=0.5)._loop_options == {
+        "weight": None,
+        "tau": 8,
+        "progress": 0.5,
+    }

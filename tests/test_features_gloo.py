@@ -22,7 +22,15 @@ class StepScheduledToy(toy.ToyRegression):
 
 
 def differs(a, b) -> bool:
-    return max(abs(x - y) for step_a, step_b in zip(a, b) for ra, rb in zip(step_a, step_b) for x, y in zip(ra, rb)) > 1e-4
+    return (
+        max(
+            abs(x - y)
+            for step_a, step_b in zip(a, b)
+            for ra, rb in zip(step_a, step_b)
+            for x, y in zip(ra, rb)
+        )
+        > 1e-4
+    )
 
 
 def test_gradient_clipping_clips_each_workers_gradient(tmp_path):
@@ -33,7 +41,9 @@ def test_gradient_clipping_clips_each_workers_gradient(tmp_path):
 
 
 def test_a_per_step_scheduler_decays_the_learning_rate_every_step(tmp_path):
-    ranks = fit(CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path, module=StepScheduledToy(STEPS, str(tmp_path)))
+    ranks = fit(
+        CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path, module=StepScheduledToy(STEPS, str(tmp_path))
+    )
     expected = toy.reference_cocod(WORLD, STEPS, TAU, gamma=GAMMA)
     assert differs(expected[0], toy.reference_cocod(WORLD, STEPS, TAU)[0])
     assert_matches(ranks, *expected)
@@ -58,7 +68,10 @@ class Bf16Toy(toy.ToyRegression):
     "strategy, reference",
     [
         (lambda: CoCoDStrategy(tau=TAU, start_method="fork"), lambda: toy.reference_cocod(WORLD, STEPS, TAU)),
-        (lambda: LocalSGDStrategy(tau=TAU, start_method="fork"), lambda: toy.reference_local_sgd(WORLD, STEPS, TAU)),
+        (
+            lambda: LocalSGDStrategy(tau=TAU, start_method="fork"),
+            lambda: toy.reference_local_sgd(WORLD, STEPS, TAU),
+        ),
         (lambda: PipeSGDStrategy(start_method="fork"), lambda: toy.reference_pipe_sgd(WORLD, STEPS)),
     ],
     ids=["cocod", "local_sgd", "pipe_sgd"],

@@ -104,8 +104,11 @@ def test_the_entropy_rate_and_the_block_optimum_match_an_eigenvector_computation
     values, vectors = np.linalg.eig(dense.T)
     pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
     pi /= pi.sum()
-    rate = -sum(pi[c] * source.transitions[c, x] * math.log(source.transitions[c, x])
-                for c in range(v**k) for x in range(v))
+    rate = -sum(
+        pi[c] * source.transitions[c, x] * math.log(source.transitions[c, x])
+        for c in range(v**k)
+        for x in range(v)
+    )
     unigram = pi.reshape(v, v).sum(0)  # the newest symbol of a stationary context
     h0 = -sum(p * math.log(p) for p in unigram)
     # H(X_2 | X_1): from the pairs (the stationary context itself) as H(X_1, X_2) - H(X_1).

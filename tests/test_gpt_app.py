@@ -46,13 +46,19 @@ def test_the_gpt_study_recipe_runs_each_method_and_codec_once_per_condition(tmp_
         assert cfg.name == "gpt" and cfg.launcher.devices == 2 and cfg.max_epochs == 1
         groups.add(cfg.group)
     assert ran == [
-        ("ssgd", None, None), ("local_sgd", 4, None), ("local_sgd", 8, None),
+        ("ssgd", None, None),
+        ("local_sgd", 4, None),
+        ("local_sgd", 8, None),
         ("ssgd", None, "bf16"),
-        ("cocod", "auto", None), ("cocod", "auto", "bf16"), ("cocod", "auto", "int8"),
+        ("cocod", "auto", None),
+        ("cocod", "auto", "bf16"),
+        ("cocod", "auto", "int8"),
         ("cocod", 8, "int8"),
     ]
     # The convolutional study's links, and the language model's measure of time to target.
-    assert {(cfg.launcher.rate, cfg.launcher.topology, cfg.judged_by) for cfg in jobs} == {("100mbit", "pernode", "loss")}
+    assert {(cfg.launcher.rate, cfg.launcher.topology, cfg.judged_by) for cfg in jobs} == {
+        ("100mbit", "pernode", "loss")
+    }
     assert groups == {"gpt-mini"}
     assert report[:3] == [str(tmp_path / "out" / "gpt"), "--group", "gpt-mini"]
 
@@ -63,10 +69,24 @@ def test_the_gpt_study_recipe_runs_each_method_and_codec_once_per_condition(tmp_
 def test_the_gpt_smoke_experiment_learns_on_two_cocod_workers(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "lightning_cocod.app.train", "experiment=gpt_smoke", "strategy=cocod", "tau=2",
-         f"out_root={out}", "run_id=g1", "progress_every_s=600"],
-        cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True,
-        timeout=580, check=False, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "lightning_cocod.app.train",
+            "experiment=gpt_smoke",
+            "strategy=cocod",
+            "tau=2",
+            f"out_root={out}",
+            "run_id=g1",
+            "progress_every_s=600",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     folder = out / "gpt_smoke" / "g1"

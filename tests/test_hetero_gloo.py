@@ -10,8 +10,8 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_cocod import CoCoDStrategy
-from lightning_cocod.data import DigitsDataModule
 from lightning_cocod.callbacks import ProportionalSampling, SimulatedSlowdown
+from lightning_cocod.data import DigitsDataModule
 from tests.helpers import toy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -46,9 +46,16 @@ def test_batch_split_follows_a_2x_slowdown_and_ranks_agree(tmp_path, link_second
     sampling = ProportionalSampling(global_batch_size=48)
     link = [SlowLink(link_seconds)] if link_seconds else []
     trainer = pl.Trainer(
-        strategy=CoCoDStrategy(tau=4, start_method="fork"), accelerator="cpu", devices=2, max_epochs=3,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, num_sanity_val_steps=0,
+        strategy=CoCoDStrategy(tau=4, start_method="fork"),
+        accelerator="cpu",
+        devices=2,
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
         # The slowdown's hook runs first: the measurement must count it all the same.
         callbacks=[SimulatedSlowdown([1.0, 2.0], seconds_per_sample=0.001), sampling, *link],
     )
@@ -141,13 +148,24 @@ def test_auto_tau_hides_a_known_communication_time_and_ranks_agree(tmp_path):
     steps, comm = 80, 0.12
     trainer = pl.Trainer(
         # tau_max raised from the accuracy bound: what is tested here is the rule that hides time.
-        strategy=CoCoDStrategy(tau="auto", tau_max=64, start_method="fork"), accelerator="cpu", devices=2, max_steps=steps,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=[SlowLink(comm)],
+        strategy=CoCoDStrategy(tau="auto", tau_max=64, start_method="fork"),
+        accelerator="cpu",
+        devices=2,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        callbacks=[SlowLink(comm)],
     )
     trainer.fit(SteadySteps(steps, str(tmp_path)))
     records = [json.loads((tmp_path / f"tau{r}.json").read_text()) for r in range(2)]
-    assert records[0]["history"] == records[1]["history"]  # every change happened on both ranks at the same step
+    assert (
+        records[0]["history"] == records[1]["history"]
+    )  # every change happened on both ranks at the same step
     history, figures = records[0]["history"], records[0]["figures"]
     assert len(history) >= 2, "the period never adapted from its initial 4"
     ranks = toy.read_ranks(tmp_path, 2)
@@ -173,7 +191,10 @@ def test_auto_tau_hides_a_known_communication_time_and_ranks_agree(tmp_path):
     comms, steps_s, works = ([f[i] for f in figures] for i in range(3))
     assert min(comms) >= comm  # the link's time was measured as communication
     fewest = math.ceil(1.2 * comm / max(steps_s) - 1e-9)
-    most = max(math.ceil(1.2 * max(comms) / min(steps_s) - 1e-9), math.ceil(min(works[:2]) / (0.01 * min(steps_s)) - 1e-9))
+    most = max(
+        math.ceil(1.2 * max(comms) / min(steps_s) - 1e-9),
+        math.ceil(min(works[:2]) / (0.01 * min(steps_s)) - 1e-9),
+    )
     assert all(fewest <= tau <= most for tau, _ in late), (fewest, most, figures, history)
     # What the rounds waited, against what a fixed tau=1 would have left exposed with the same
     # measured steps (the link's time less one step, each round): the period hid most of it.

@@ -29,8 +29,12 @@ def lazy_table(tree: ast.Module) -> dict[str, str]:
     """A package's ``_LAZY = {"Name": "module", ...}``: the names it loads on first use."""
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else []
-        if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets) and isinstance(node.value, ast.Dict):
-            return {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.value.keys, node.value.values)}
+        if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets) and isinstance(
+            node.value, ast.Dict
+        ):
+            return {
+                ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(node.value.keys, node.value.values)
+            }
     return {}
 
 

@@ -288,7 +288,10 @@ def test_write_result_uses_the_launcher_path(tmp_path, monkeypatch):
         ({}, (0, 1)),
         ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, (3, 4)),  # launch_workers, torchrun
         ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}, (5, 8)),  # srun
-        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "9"}, (1, 2)),  # torchrun in a job
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "7", "SLURM_NTASKS": "9"},
+            (1, 2),
+        ),  # torchrun in a job
     ],
 )
 def test_rank_and_world_size_read_what_the_launcher_set(env, expected):
@@ -356,8 +359,13 @@ def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
     # Rank 0 leaves first (exit 75); rank 1 follows 0.3 s later and is not killed meanwhile.
     with pytest.raises(WorkersPreempted, match="all 2 ranks stopped at one step"):
         launch_workers(
-            str(HELPERS / "preemptible_worker.py"), 2, None, args=[tmp_path, 0.2], timeout_s=30,
-            output_dir=tmp_path, grace_s=1,
+            str(HELPERS / "preemptible_worker.py"),
+            2,
+            None,
+            args=[tmp_path, 0.2],
+            timeout_s=30,
+            output_dir=tmp_path,
+            grace_s=1,
         )
     assert processes_with(str(tmp_path)) == []
 
@@ -365,8 +373,13 @@ def test_ranks_that_stop_together_on_preemption_are_a_preempted_run(tmp_path):
 def test_a_rank_that_fails_while_the_others_stop_is_a_failure_not_a_preemption(tmp_path):
     with pytest.raises(WorkerFailed, match="rank 1 exited with code 3") as info:
         launch_workers(
-            str(HELPERS / "preemptible_worker.py"), 2, None, args=[tmp_path, 0.2, "rank1-fails"], timeout_s=30,
-            output_dir=tmp_path, grace_s=1,
+            str(HELPERS / "preemptible_worker.py"),
+            2,
+            None,
+            args=[tmp_path, 0.2, "rank1-fails"],
+            timeout_s=30,
+            output_dir=tmp_path,
+            grace_s=1,
         )
     assert not isinstance(info.value, WorkersPreempted) and info.value.rank == 1
 
@@ -374,7 +387,11 @@ def test_a_rank_that_fails_while_the_others_stop_is_a_failure_not_a_preemption(t
 def _launch_preemptible(marker_dir: str) -> None:
     try:
         launch_workers(
-            str(HELPERS / "preemptible_worker.py"), 2, None, args=[marker_dir], timeout_s=60,
+            str(HELPERS / "preemptible_worker.py"),
+            2,
+            None,
+            args=[marker_dir],
+            timeout_s=60,
             output_dir=Path(marker_dir, "logs"),
         )
     except WorkersPreempted:
@@ -383,9 +400,7 @@ def _launch_preemptible(marker_dir: str) -> None:
 
 @pytest.mark.timeout(30)
 def test_sigterm_to_the_launcher_gives_the_workers_time_to_stop_together(tmp_path):
-    exitcode = signal_once_started(
-        _launch_preemptible, (str(tmp_path),), tmp_path, 2, signal.SIGTERM
-    )
+    exitcode = signal_once_started(_launch_preemptible, (str(tmp_path),), tmp_path, 2, signal.SIGTERM)
     assert exitcode == 75  # the workers got the signal and left with 75; nothing was killed
     assert processes_with(str(tmp_path)) == []
 
@@ -395,7 +410,11 @@ def _launch_preemptible_by_hand(marker_dir: str, mode: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         results = launch_workers(
-            str(HELPERS / "preemptible_worker.py"), 2, None, args=[marker_dir, "never", mode], timeout_s=60,
+            str(HELPERS / "preemptible_worker.py"),
+            2,
+            None,
+            args=[marker_dir, "never", mode],
+            timeout_s=60,
             output_dir=Path(marker_dir, "logs"),
         )
     except WorkersPreempted as stopped:
@@ -476,7 +495,9 @@ def test_workers_never_import_from_the_current_folder(tmp_path, shadow):
     assert results == ["cocod-tau4-w2-s0", "cocod-tau4-w2-s0"]
     # A module target (python -m), here one that runs and writes no result.
     with pytest.raises(WorkerFailed, match="rank 0 exited 0 but left no readable result"):
-        launch_workers("lightning_cocod.launch.netns", 1, None, timeout_s=15, output_dir=tmp_path / "logs", cwd=tmp_path)
+        launch_workers(
+            "lightning_cocod.launch.netns", 1, None, timeout_s=15, output_dir=tmp_path / "logs", cwd=tmp_path
+        )
     assert not marker.exists()
 
 
@@ -496,7 +517,8 @@ class _Counters:
     ("before", "after", "said"),
     [
         (
-            {"/cg/memory.events": 4}, {"/cg/memory.events": 5},
+            {"/cg/memory.events": 4},
+            {"/cg/memory.events": 5},
             "rank 0 was killed by SIGKILL, probably out of memory (the kernel's OOM killer killed 1 process(es) of "
             "this run's memory cgroup since the workers started); logs in ",
         ),
@@ -505,11 +527,19 @@ class _Counters:
     ],
     ids=["oom-killer-struck", "it-did-not", "unreadable"],
 )
-def test_a_rank_killed_by_sigkill_is_said_to_be_out_of_memory_when_the_kernel_says_so(tmp_path, before, after, said):
+def test_a_rank_killed_by_sigkill_is_said_to_be_out_of_memory_when_the_kernel_says_so(
+    tmp_path, before, after, said
+):
     counters = _Counters(before, after)
     with pytest.raises(WorkerFailed) as info:
         launch_workers(
-            str(HELPERS / "killed_worker.py"), 2, None, args=["60"], timeout_s=100, output_dir=tmp_path, grace_s=2,
+            str(HELPERS / "killed_worker.py"),
+            2,
+            None,
+            args=["60"],
+            timeout_s=100,
+            output_dir=tmp_path,
+            grace_s=2,
             read_oom_kills=counters,
         )
     assert str(info.value).startswith(said) and info.value.rank == 0

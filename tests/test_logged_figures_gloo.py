@@ -42,7 +42,10 @@ class RecordingLogger(Logger):
 
 @pytest.mark.parametrize(
     "strategy, tau",
-    [(lambda: CoCoDStrategy(tau=2, start_method="fork"), 2), (lambda: LocalSGDStrategy(tau=3, start_method="fork"), 3)],
+    [
+        (lambda: CoCoDStrategy(tau=2, start_method="fork"), 2),
+        (lambda: LocalSGDStrategy(tau=3, start_method="fork"), 3),
+    ],
     ids=["cocod", "local_sgd"],
 )
 def test_logged_round_figures_are_the_recorded_rounds(tmp_path, strategy, tau):

@@ -22,11 +22,15 @@ WORLD, STEPS, TAU, SAVE_AT = 2, 10, 4, 6  # rounds of 4, 4 and a partial 2; the 
 
 def batches(rank, steps=STEPS):
     x, y = toy.rank_batches(rank, steps)
-    return [(x[s * toy.BATCH : (s + 1) * toy.BATCH], y[s * toy.BATCH : (s + 1) * toy.BATCH]) for s in range(steps)]
+    return [
+        (x[s * toy.BATCH : (s + 1) * toy.BATCH], y[s * toy.BATCH : (s + 1) * toy.BATCH]) for s in range(steps)
+    ]
 
 
 def sgd(model):
-    return torch.optim.SGD(model.parameters(), lr=toy.LR, momentum=toy.MOMENTUM, weight_decay=toy.WEIGHT_DECAY)
+    return torch.optim.SGD(
+        model.parameters(), lr=toy.LR, momentum=toy.MOMENTUM, weight_decay=toy.WEIGHT_DECAY
+    )
 
 
 def train(rank, method, steps=STEPS, folder=None, save_at=None, resume=False):
@@ -49,7 +53,11 @@ def train(rank, method, steps=STEPS, folder=None, save_at=None, resume=False):
             optimizer.step()
             optimizer.zero_grad()
             if loop.steps == save_at:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loop": loop.state_dict()}
+                state = {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loop": loop.state_dict(),
+                }
                 torch.save(state, Path(folder, f"rank{rank}.pt"))
                 saved_state = state["loop"]
     return toy.flat(model), [(r.launch_step, r.finish_step) for r in loop.stats.rounds], saved_state
@@ -75,12 +83,15 @@ def run_fabric(strategy, out, steps, separately=False):
     from lightning_fabric import Fabric
 
     out.mkdir()
-    Fabric(accelerator="cpu", devices=WORLD, strategy=strategy).launch(fabric_train, str(out), steps, separately)
+    Fabric(accelerator="cpu", devices=WORLD, strategy=strategy).launch(
+        fabric_train, str(out), steps, separately
+    )
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 @pytest.mark.parametrize(
-    ("method", "steps"), [("cocod", STEPS), ("cocod", 2 * TAU), ("local_sgd", STEPS), ("pipe_sgd", STEPS)],
+    ("method", "steps"),
+    [("cocod", STEPS), ("cocod", 2 * TAU), ("local_sgd", STEPS), ("pipe_sgd", STEPS)],
     ids=["cocod-partial-last-round", "cocod-whole-rounds", "local_sgd", "pipe_sgd"],
 )
 def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
@@ -92,13 +103,19 @@ def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
     # Fabric by its registry name (Pipe-SGD, which has no period) and by instances with the
     # reference's fixed period (CoCoD's default, tau="auto", follows timing).
     by_method = {"local_sgd": LocalSGDFabricStrategy, "cocod": CoCoDFabricStrategy}
-    fabric_strategy = by_method[method](tau=TAU, start_method="fork") if method in by_method else f"{method}_fork"
+    fabric_strategy = (
+        by_method[method](tau=TAU, start_method="fork") if method in by_method else f"{method}_fork"
+    )
     fabric = run_fabric(fabric_strategy, tmp_path / "fabric", steps, separately=method == "pipe_sgd")
     if method == "pipe_sgd":
         strategy, reference = PipeSGDStrategy(start_method="fork"), toy.reference_pipe_sgd(WORLD, steps)[1]
     else:
-        strategy = {"cocod": CoCoDStrategy, "local_sgd": LocalSGDStrategy}[method](tau=TAU, start_method="fork")
-        reference = {"cocod": toy.reference_cocod, "local_sgd": toy.reference_local_sgd}[method](WORLD, steps, TAU)[1]
+        strategy = {"cocod": CoCoDStrategy, "local_sgd": LocalSGDStrategy}[method](
+            tau=TAU, start_method="fork"
+        )
+        reference = {"cocod": toy.reference_cocod, "local_sgd": toy.reference_local_sgd}[method](
+            WORLD, steps, TAU
+        )[1]
     lightning = fit(strategy, tmp_path / "lightning", steps=steps)
     # The loop launches a round after every step, the last one's too: the end waits for it, and
     # the figures count it (of no steps); Lightning launches before a step, so has none.
@@ -108,7 +125,9 @@ def test_loop_fabric_and_lightning_give_the_same_bits(tmp_path, method, steps):
     for rank in range(WORLD):
         assert loop[rank][0] == fabric[rank] == lightning[rank]["final"] == loop[0][0]
         assert [list(r) for r in loop[rank][1]] == lightning[rank]["rounds"] + [list(r) for r in eager]
-        torch.testing.assert_close(torch.tensor(loop[rank][0]), torch.tensor(reference[rank]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(loop[rank][0]), torch.tensor(reference[rank]), rtol=0, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("method", ["cocod", "local_sgd", "cocod+int8", "local_sgd+bf16"])
@@ -135,7 +154,11 @@ def misuses(rank):
     model = toy.initial_model()
     optimizer = sgd(model)
     stranger = torch.nn.Linear(3, 1)
-    attempt(lambda: CoCoD(model, torch.optim.SGD([*model.parameters(), *stranger.parameters()], lr=0.1)).__enter__())
+    attempt(
+        lambda: CoCoD(
+            model, torch.optim.SGD([*model.parameters(), *stranger.parameters()], lr=0.1)
+        ).__enter__()
+    )
     with CoCoD(model, optimizer) as cocod:
         attempt(cocod.__enter__)
         attempt(LocalSGD(model, optimizer).__enter__)
@@ -151,11 +174,15 @@ def test_the_misuses_a_loop_invites_are_refused_in_one_line(tmp_path):
     first, second = results(run_ranks(misuses, tmp_path))
     assert first == second  # every rank refuses alike
     foreign, twice, other, late, apart, weights = first
-    assert foreign.startswith("ValueError: CoCoD: the optimizer trains a tensor of shape (1, 3) (param group 0, index 2)")
+    assert foreign.startswith(
+        "ValueError: CoCoD: the optimizer trains a tensor of shape (1, 3) (param group 0, index 2)"
+    )
     assert twice == "RuntimeError: CoCoD is entered already: enter it once, around the whole training loop"
     assert other == "RuntimeError: LocalSGD: this optimizer is hooked by another CoCoD already"
     assert late == "RuntimeError: CoCoD: load_state_dict inside the with block; call it before entering"
-    assert apart.startswith("ValueError: CoCoD: the model's tensor 'weight' differs between ranks at the start")
+    assert apart.startswith(
+        "ValueError: CoCoD: the model's tensor 'weight' differs between ranks at the start"
+    )
     assert weights.startswith("ValueError: CoCoD: the ranks' weights sum to 1.8")
     assert all("\n" not in message for message in first)
 
@@ -163,10 +190,14 @@ def test_the_misuses_a_loop_invites_are_refused_in_one_line(tmp_path):
 def test_no_process_group_is_refused():
     assert not dist.is_initialized()
     model = toy.initial_model()
-    with pytest.raises(RuntimeError, match=r"^CoCoD: no process group is initialised; call torch.distributed"):
+    with pytest.raises(
+        RuntimeError, match=r"^CoCoD: no process group is initialised; call torch.distributed"
+    ):
         CoCoD(model, sgd(model)).__enter__()
     with pytest.raises(ValueError, match=r"^CoCoD: tau must be a positive integer or 'auto', got 'often'"):
         CoCoD(model, sgd(model), tau="often")
     # Pipe-SGD exchanges gradients: a codec for rounds it never sends is refused, not ignored.
-    with pytest.raises(ValueError, match=r"^PipeSGD: compression='int8' is not supported: Pipe-SGD exchanges gradients"):
+    with pytest.raises(
+        ValueError, match=r"^PipeSGD: compression='int8' is not supported: Pipe-SGD exchanges gradients"
+    ):
         PipeSGD(model, sgd(model), compression="int8")

@@ -60,7 +60,9 @@ def poisoned(rank, policy):
 def test_non_finite_values_raise_on_every_rank(tmp_path):
     payloads = run_ranks(poisoned, tmp_path, "raise")
     for payload in payloads:
-        assert payload[0] == "error" and payload[1].startswith("NonFiniteError: CoCoD: non-finite values (NaN/Inf) on rank 1")
+        assert payload[0] == "error" and payload[1].startswith(
+            "NonFiniteError: CoCoD: non-finite values (NaN/Inf) on rank 1"
+        )
     assert issubclass(NonFiniteError, FloatingPointError)
 
 

@@ -31,11 +31,27 @@ def enter_with(rank, options):
 @pytest.mark.parametrize(
     ("first", "second", "problem"),
     [
-        ((CoCoD, {"tau": TAU, "compression": "int8"}), (CoCoD, {"tau": TAU, "compression": "bf16"}), "compression: 'int8' on rank 0, 'bf16' on rank 1"),
-        ((CoCoD, {"tau": TAU, "compression": "int8"}), (CoCoD, {"tau": TAU}), "compression: 'int8' on rank 0, None on rank 1"),
+        (
+            (CoCoD, {"tau": TAU, "compression": "int8"}),
+            (CoCoD, {"tau": TAU, "compression": "bf16"}),
+            "compression: 'int8' on rank 0, 'bf16' on rank 1",
+        ),
+        (
+            (CoCoD, {"tau": TAU, "compression": "int8"}),
+            (CoCoD, {"tau": TAU}),
+            "compression: 'int8' on rank 0, None on rank 1",
+        ),
         ((CoCoD, {"tau": TAU}), (CoCoD, {"tau": 2}), "tau: 4 on rank 0, 2 on rank 1"),
-        ((CoCoD, {"tau": TAU}), (CoCoD, {"tau": TAU, "progress": 0.5}), "progress: 1.0 on rank 0, 0.5 on rank 1"),
-        ((CoCoD, {"tau": "auto", "tau_max": 8}), (CoCoD, {"tau": "auto", "tau_max": 16}), "tau_max: 8 on rank 0, 16 on rank 1"),
+        (
+            (CoCoD, {"tau": TAU}),
+            (CoCoD, {"tau": TAU, "progress": 0.5}),
+            "progress: 1.0 on rank 0, 0.5 on rank 1",
+        ),
+        (
+            (CoCoD, {"tau": "auto", "tau_max": 8}),
+            (CoCoD, {"tau": "auto", "tau_max": 16}),
+            "tau_max: 8 on rank 0, 16 on rank 1",
+        ),
         ((CoCoD, {"tau": TAU}), (LocalSGD, {"tau": TAU}), "class: 'CoCoD' on rank 0, 'LocalSGD' on rank 1"),
     ],
 )
@@ -50,11 +66,14 @@ def test_ranks_given_different_options_are_told_which_at_the_start(tmp_path, fir
 
 def test_ranks_that_agree_still_train(tmp_path):
     options = (CoCoD, {"tau": TAU, "compression": "int8"})
-    assert [p[:2] for p in run_ranks(enter_with, tmp_path, (options, options), timeout=100)] == [("ok", "trained")] * 2
+    assert [p[:2] for p in run_ranks(enter_with, tmp_path, (options, options), timeout=100)] == [
+        ("ok", "trained")
+    ] * 2
 
 
 def resume_with(rank, tamper):
     """One compressed round's state, tampered with, loaded by a loop about to enter."""
+
     def loop():
         model = toy.initial_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=toy.LR)
@@ -75,7 +94,7 @@ def resume_with(rank, tamper):
     model, optimizer, second = loop()
     second.load_state_dict(state)
     with second:
-        torch.nn.functional.mse_loss(model(x[:toy.BATCH]), y[:toy.BATCH]).backward()
+        torch.nn.functional.mse_loss(model(x[: toy.BATCH]), y[: toy.BATCH]).backward()
         optimizer.step()
     return "resumed"
 
@@ -93,7 +112,9 @@ def test_a_compression_state_of_another_shape_or_dtype_is_refused_on_entering(tm
     payloads = run_ranks(resume_with, tmp_path, tamper, timeout=100)
     for payload in payloads:
         assert payload[0] == "error", payload
-        assert payload[1].startswith(f"ValueError: CoCoD: compression state's {tamper[0]} does not fit this run: accepted: "), payload[1]
+        assert payload[1].startswith(
+            f"ValueError: CoCoD: compression state's {tamper[0]} does not fit this run: accepted: "
+        ), payload[1]
         assert "\n" not in payload[1]
 
 
@@ -102,7 +123,9 @@ def test_a_state_of_steps_that_are_no_count_is_refused_in_one_line():
     loop = CoCoD(model, torch.optim.SGD(model.parameters(), lr=toy.LR), tau=TAU)
     state = loop.state_dict()
     for steps in ("abc", -7, 2.5, True, None):
-        with pytest.raises(ValueError, match=rf"^CoCoD: the state's steps={steps!r} is invalid; accepted: an integer >= 0$"):
+        with pytest.raises(
+            ValueError, match=rf"^CoCoD: the state's steps={steps!r} is invalid; accepted: an integer >= 0$"
+        ):
             loop.load_state_dict({**state, "steps": steps})
     with pytest.raises(ValueError, match="^CoCoD: a state is the dict state_dict\\(\\) returned, not list$"):
         loop.load_state_dict([state])

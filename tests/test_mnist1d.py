@@ -10,7 +10,7 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_cocod.data import MNIST1DDataModule, mnist1d
-from lightning_cocod.models import ClassifierModule, MNIST1DCNN, build_model
+from lightning_cocod.models import MNIST1DCNN, ClassifierModule, build_model
 from tests.helpers.trainers import single_cpu_trainer
 
 SMALL = 600  # signals: 400 / 100 / 100, generated in a fraction of a second

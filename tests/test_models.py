@@ -200,8 +200,14 @@ def test_the_optimizer_given_gets_the_scaled_scheduled_lr_and_the_decay_groups()
     from functools import partial
 
     module = ClassifierModule(
-        tiny_net(), lr=0.1, weight_decay=0.01, optimizer=partial(torch.optim.AdamW, betas=(0.8, 0.9)),
-        schedule="step", milestones=[1], scale_lr=True, base_batch_size=4,
+        tiny_net(),
+        lr=0.1,
+        weight_decay=0.01,
+        optimizer=partial(torch.optim.AdamW, betas=(0.8, 0.9)),
+        schedule="step",
+        milestones=[1],
+        scale_lr=True,
+        base_batch_size=4,
     )
     trainer, lrs = tiny_fit(module, synthetic(), max_epochs=2)
     (optimizer,) = trainer.optimizers

@@ -29,16 +29,33 @@ def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
     port, agents = free_port(), []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
     for node in (0, 1):
-        agents.append(subprocess.Popen(
-            [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "lightning_cocod.app.train", "launcher=torchrun", "experiment=smoke", "run_id=two-agents",
-                f"out_root={tmp_path}", "launcher.threads_per_worker=1",  # both agents share 2 cores here
-            ],
-            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
-        ))
+        agents.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes=2",
+                    "--nproc-per-node=1",
+                    f"--node-rank={node}",
+                    "--master-addr=127.0.0.1",
+                    f"--master-port={port}",
+                    "-m",
+                    "lightning_cocod.app.train",
+                    "launcher=torchrun",
+                    "experiment=smoke",
+                    "run_id=two-agents",
+                    f"out_root={tmp_path}",
+                    "launcher.threads_per_worker=1",  # both agents share 2 cores here
+                ],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [agent.communicate(timeout=220)[0] for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     record = json.loads((tmp_path / "smoke" / "two-agents" / "run.json").read_text())
@@ -61,21 +78,41 @@ def test_two_torchrun_agents_run_the_smoke_experiment_on_cpu(tmp_path):
     # compared (seed, tau, batch, steps, method) is checked without processes in test_agreement.py.
     [("model.net.width", 8, 16, "model")],
 )
-def test_ranks_that_disagree_on_the_config_are_all_stopped_in_one_line_naming_it(tmp_path, key, rank0, rank1, named):
+def test_ranks_that_disagree_on_the_config_are_all_stopped_in_one_line_naming_it(
+    tmp_path, key, rank0, rank1, named
+):
     port, agents = free_port(), []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
     for node, value in ((0, rank0), (1, rank1)):
-        agents.append(subprocess.Popen(
-            [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "lightning_cocod.app.train", "launcher=torchrun", "experiment=smoke", "run_id=differ",
-                f"out_root={tmp_path / f'node{node}'}", "launcher.threads_per_worker=1", "strategy.timeout=60",
-                f"{key}={value}",
-            ],
-            cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        ))
+        agents.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes=2",
+                    "--nproc-per-node=1",
+                    f"--node-rank={node}",
+                    "--master-addr=127.0.0.1",
+                    f"--master-port={port}",
+                    "-m",
+                    "lightning_cocod.app.train",
+                    "launcher=torchrun",
+                    "experiment=smoke",
+                    "run_id=differ",
+                    f"out_root={tmp_path / f'node{node}'}",
+                    "launcher.threads_per_worker=1",
+                    "strategy.timeout=60",
+                    f"{key}={value}",
+                ],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = [agent.communicate(timeout=220) for agent in agents]
     assert [agent.returncode for agent in agents] == [1, 1], outputs
     for out, err in outputs:
@@ -89,14 +126,25 @@ def test_ranks_that_disagree_on_the_config_are_all_stopped_in_one_line_naming_it
 
 
 SLURM_TASK_3 = {  # task 3 of a 2-node x 2-task job, on the second node
-    "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2",
-    "SLURM_NNODES": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-    "SLURM_NODELIST": "gpu[07-08]", "SLURM_CPUS_PER_TASK": "6",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_NTASKS": "4",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NODELIST": "gpu[07-08]",
+    "SLURM_CPUS_PER_TASK": "6",
 }
 
 
 def test_a_slurm_task_derives_its_rank_address_and_run_id(monkeypatch):
-    for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_", "MASTER_", "LOCAL_", "RANK", "WORLD"))]:
+    for key in [
+        k
+        for k in os.environ
+        if k.startswith(("SLURM_", "TORCHELASTIC_", "MASTER_", "LOCAL_", "RANK", "WORLD"))
+    ]:
         monkeypatch.delenv(key)
     for key, value in SLURM_TASK_3.items():
         monkeypatch.setenv(key, value)
@@ -128,19 +176,31 @@ def test_the_sbatch_script_requeues_a_job_stopped_with_a_checkpoint(tmp_path, sr
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool, code in (("srun", srun_exit), ("scontrol", 0)):
-        (bin_dir / tool).write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path}/{tool}.args"\nexit {code}\n')
+        (bin_dir / tool).write_text(
+            f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "{tmp_path}/{tool}.args"\nexit {code}\n'
+        )
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
     proc = subprocess.run(
         ["bash", str(ROOT / "recipes" / "slurm.sbatch"), "-m", "experiment=smoke", "tau=2,4"],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert proc.returncode == srun_exit, proc.stderr
     # The app's own parser: --multirun first, then the launcher, auto-resume, and the user's overrides
     # (after it, so checkpoint.resume=null from the user wins).
     assert (tmp_path / "srun.args").read_text().split() == [
-        "python", "-m", "lightning_cocod.app.train", "--multirun", "launcher=slurm", "checkpoint.resume=auto",
-        "experiment=smoke", "tau=2,4",
+        "python",
+        "-m",
+        "lightning_cocod.app.train",
+        "--multirun",
+        "launcher=slurm",
+        "checkpoint.resume=auto",
+        "experiment=smoke",
+        "tau=2,4",
     ]
     scontrol = tmp_path / "scontrol.args"
     assert (scontrol.read_text().split() == ["requeue", "4242"]) if requeued else not scontrol.exists()

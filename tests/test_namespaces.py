@@ -1,6 +1,7 @@
 """Both Lightning namespaces (``pytorch_lightning`` and the ``lightning`` package's
 ``lightning.pytorch``), imported before or after ``lightning_cocod``; spawn parents; hints."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -44,7 +45,12 @@ def test_strategy_by_name_fits_in_either_namespace(tmp_path, imports, ours):
     script = tmp_path / "fit.py"
     script.write_text(FIT.format(imports=imports))
     proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=150, check=False,
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -62,9 +68,9 @@ def assert_default_rounds(rounds, steps):
     steps, one after another, over every step (which periods depends on the machine's timing)."""
     from lightning_cocod.core.adapt import SAFE_TAU_MAX
 
-    assert [list(r) for r in rounds][0][0] == 0 and rounds[-1][1] == steps
+    assert next(list(r) for r in rounds)[0] == 0 and rounds[-1][1] == steps
     assert all(0 < finish - launch <= SAFE_TAU_MAX for launch, finish in rounds)
-    assert all(a[1] == b[0] for a, b in zip(rounds, rounds[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(rounds))
 
 
 def test_each_namespace_has_its_own_classes_and_registry():
@@ -81,7 +87,9 @@ def test_each_namespace_has_its_own_classes_and_registry():
     assert lightning_cocod.CoCoDStrategy is for_pl.CoCoDStrategy
     for method in ("cocod", "local_sgd_fork", "pipe_sgd_spawn", "ssgd_notebook"):
         assert method in L.strategies.StrategyRegistry and method in pl.strategies.StrategyRegistry
-    trainer = L.Trainer(strategy=for_lightning.CoCoDStrategy(tau=3), accelerator="cpu", devices=2, logger=False)
+    trainer = L.Trainer(
+        strategy=for_lightning.CoCoDStrategy(tau=3), accelerator="cpu", devices=2, logger=False
+    )
     assert trainer.strategy.tau == 3
     # the logic is one class, shared
     assert for_lightning.CoCoDStrategy.__mro__[1] is for_pl.CoCoDStrategy.__mro__[1]
@@ -89,7 +97,9 @@ def test_each_namespace_has_its_own_classes_and_registry():
 
 def test_importing_the_package_imports_no_lightning():
     code = "import sys, lightning_cocod; print(sorted(m for m in ('pytorch_lightning', 'lightning', 'torch') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -97,8 +107,16 @@ def test_a_spawn_parent_holds_the_workers_figures(tmp_path):
     import pytorch_lightning as pl
 
     trainer = pl.Trainer(
-        strategy="cocod_spawn", accelerator="cpu", devices=2, max_steps=8, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, use_distributed_sampler=False,
+        strategy="cocod_spawn",
+        accelerator="cpu",
+        devices=2,
+        max_steps=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
     )
     trainer.fit(toy.ToyRegression(8, str(tmp_path)))
     stats = trainer.strategy.comm_stats
@@ -112,7 +130,9 @@ def test_an_interactive_session_is_told_our_notebook_strategy(monkeypatch):
     monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # as under python -i or Jupyter
     with pytest.raises(RuntimeError, match=r"interactive session .* use strategy='cocod_notebook' \(fork\)"):
         pl.Trainer(strategy="cocod", accelerator="cpu", devices=2)
-    assert pl.Trainer(strategy="cocod_notebook", accelerator="cpu", devices=2).strategy._start_method == "fork"
+    assert (
+        pl.Trainer(strategy="cocod_notebook", accelerator="cpu", devices=2).strategy._start_method == "fork"
+    )
 
 
 def test_spawn_without_a_main_guard_names_our_strategy(monkeypatch):
@@ -122,16 +142,22 @@ def test_spawn_without_a_main_guard_names_our_strategy(monkeypatch):
 
     # What a spawned child sees while it re-runs an unguarded script that builds the Trainer.
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
-    with pytest.raises(RuntimeError, match=r"`if __name__ == \"__main__\":`.*strategy='cocod' \(start_method 'popen'\)"):
+    with pytest.raises(
+        RuntimeError, match=r"`if __name__ == \"__main__\":`.*strategy='cocod' \(start_method 'popen'\)"
+    ):
         pl.Trainer(strategy="cocod_spawn", accelerator="cpu", devices=2)
 
 
 @pytest.mark.parametrize(
     ("trainer_package", "strategy_home", "right_home"),
-    [("pytorch_lightning", "lightning_cocod.lightning", "lightning_cocod"),
-     ("lightning.pytorch", "lightning_cocod", "lightning_cocod.lightning")],
+    [
+        ("pytorch_lightning", "lightning_cocod.lightning", "lightning_cocod"),
+        ("lightning.pytorch", "lightning_cocod", "lightning_cocod.lightning"),
+    ],
 )
-def test_a_trainer_of_the_other_namespace_names_where_the_class_is(trainer_package, strategy_home, right_home):
+def test_a_trainer_of_the_other_namespace_names_where_the_class_is(
+    trainer_package, strategy_home, right_home
+):
     import importlib
 
     trainer_class = importlib.import_module(trainer_package).Trainer

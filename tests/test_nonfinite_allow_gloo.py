@@ -56,17 +56,26 @@ def test_spike_detection_with_a_non_finite_loss_runs_to_the_end(tmp_path, strate
     # gradient at the next step, and never the last step's.
     spike_batch = 3 if strategy_cls is PipeSGDStrategy else 4
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, logger=False, accelerator="cpu", devices=2, max_epochs=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        accelerator="cpu",
+        devices=2,
+        max_epochs=1,
         strategy=strategy_cls(on_nonfinite="allow", start_method="fork", **options),
         callbacks=[SpikeDetection(exclude_batches_path=tmp_path, finite_only=False)],
-        enable_progress_bar=False, enable_model_summary=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
-    trainer.fit(IdentityModule(spike, spike_batch, tmp_path), torch.utils.data.DataLoader([1 for _ in range(10)]))
+    trainer.fit(
+        IdentityModule(spike, spike_batch, tmp_path), torch.utils.data.DataLoader([1 for _ in range(10)])
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["step"] for r in ranks] == [5, 5]  # every batch trained, on both ranks
     # Rank 1's non-finite gradient reached both ranks' weights, as DDP's all-reduce spreads it.
     weights = [r["weight"] for r in ranks]
-    assert not any(math.isfinite(w) for w in weights) and (weights[0] == weights[1] or all(map(math.isnan, weights)))
+    assert not any(math.isfinite(w) for w in weights) and (
+        weights[0] == weights[1] or all(map(math.isnan, weights))
+    )
     # The end-of-epoch checkpoint was written from those weights.
     (checkpoint,) = (tmp_path / "checkpoints").glob("*.ckpt")
     saved = torch.load(checkpoint, weights_only=False)["state_dict"]["layer.weight"]

@@ -52,11 +52,15 @@ def reference(method: str):
 
 
 @pytest.mark.parametrize(
-    "method, strategy_cls", [("cocod", CoCoDStrategy), ("local_sgd", LocalSGDStrategy)], ids=["cocod", "local_sgd"]
+    "method, strategy_cls",
+    [("cocod", CoCoDStrategy), ("local_sgd", LocalSGDStrategy)],
+    ids=["cocod", "local_sgd"],
 )
 def test_skip_drops_the_update_and_restarts_the_bad_rank_from_the_healthy_one(tmp_path, method, strategy_cls):
     ranks = fit(
-        strategy_cls(tau=TAU, on_nonfinite="skip", start_method="fork"), tmp_path, steps=STEPS,
+        strategy_cls(tau=TAU, on_nonfinite="skip", start_method="fork"),
+        tmp_path,
+        steps=STEPS,
         callbacks=[PoisonRank1(POISON_AFTER)],
     )
     trajectory, final = reference(method)

@@ -3,17 +3,19 @@
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_lists_every_package_of_the_source_tree():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "lightning_cocod").rglob("__init__.py")}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "lightning_cocod").rglob("__init__.py")
+    }
     plugins = {".".join(p.relative_to(ROOT).parts) for p in (ROOT / "hydra_plugins").iterdir() if p.is_dir()}
     assert listed == found | {"lightning_cocod.conf"} | (plugins - {"hydra_plugins.__pycache__"})
 
@@ -30,25 +32,53 @@ def test_an_installed_package_trains_from_an_empty_folder(tmp_path):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     # The wheel is built with this environment's setuptools (no download) ...
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path, source],
-        check=True, timeout=180, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            tmp_path,
+            source,
+        ],
+        check=True,
+        timeout=180,
+        capture_output=True,
     )
     # ... and installed in a venv that sees this environment's packages (torch, Lightning, ...),
     # but not this checkout.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
     (wheel,) = tmp_path.glob("lightning_cocod-*.whl")
-    subprocess.run([venv / "bin" / "pip", "install", "-q", "--no-deps", wheel], check=True, timeout=180, capture_output=True)
+    subprocess.run(
+        [venv / "bin" / "pip", "install", "-q", "--no-deps", wheel],
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     where = subprocess.run(
         [venv / "bin" / "python", "-c", "import lightning_cocod; print(lightning_cocod.__file__)"],
-        cwd=empty, check=True, capture_output=True, text=True, timeout=60,
+        cwd=empty,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout
     assert where.startswith(str(venv)), where
     run = subprocess.run(
         [venv / "bin" / "cocod-train", "experiment=smoke", "run_id=installed", "max_epochs=1"],
-        cwd=empty, capture_output=True, text=True, timeout=240, check=False,
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert (empty / "outputs" / "smoke" / "installed" / "run.json").is_file()

@@ -23,8 +23,13 @@ from lightning_cocod.tools.plan import (
 )
 
 HAND = Setting(
-    step_seconds=0.1, model_bytes=4_000_000, workers=4, bandwidth_bps=80_000_000,
-    latency_seconds=1e-4, round_seconds=0.001, efficiency=1.0,
+    step_seconds=0.1,
+    model_bytes=4_000_000,
+    workers=4,
+    bandwidth_bps=80_000_000,
+    latency_seconds=1e-4,
+    round_seconds=0.001,
+    efficiency=1.0,
 )
 
 
@@ -94,7 +99,9 @@ def test_expected_maximum_of_normals_matches_closed_forms():
     assert expected_max_of_normals(1) == 0.0
     assert expected_max_of_normals(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
     assert expected_max_of_normals(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
-    assert expected_max_of_normals(5) == pytest.approx(1.162964, abs=1e-5)  # tables of normal order statistics
+    assert expected_max_of_normals(5) == pytest.approx(
+        1.162964, abs=1e-5
+    )  # tables of normal order statistics
 
 
 @pytest.mark.timeout(10)
@@ -112,7 +119,10 @@ def _bench_figures(comm_seconds_per_round: float) -> dict:
     methods = {
         "S-SGD": {"method": "ssgd", "tau": None, "taus": None, "step_seconds": 0.9},
         "Local-SGD tau=4": {
-            "method": "local_sgd", "tau": 4, "taus": [4], "step_seconds": 0.3,
+            "method": "local_sgd",
+            "tau": 4,
+            "taus": [4],
+            "step_seconds": 0.3,
             "comm_seconds_per_round": comm_seconds_per_round,
         },
         "CoCoD-SGD tau=auto": {"method": "cocod", "tau": "auto", "taus": [4, 8], "step_seconds": 0.12},
@@ -177,10 +187,32 @@ def test_without_a_measured_allreduce_the_nominal_efficiency_is_used():
 
 @pytest.mark.timeout(10)
 def test_the_command_prints_every_method_and_a_period(capsys):
-    assert plan.main(["--workers", "16,64", "--bandwidth", "10gbit", "--latency", "50us", "--model", "resnet18",
-                      "--step-ms", "60"]) == 0
+    assert (
+        plan.main(
+            [
+                "--workers",
+                "16,64",
+                "--bandwidth",
+                "10gbit",
+                "--latency",
+                "50us",
+                "--model",
+                "resnet18",
+                "--step-ms",
+                "60",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    for name in ("compute only", "S-SGD", "Pipe-SGD", "Local-SGD tau=4", "CoCoD-SGD tau=4", "CoCoD-SGD tau=auto"):
+    for name in (
+        "compute only",
+        "S-SGD",
+        "Pipe-SGD",
+        "Local-SGD tau=4",
+        "CoCoD-SGD tau=4",
+        "CoCoD-SGD tau=auto",
+    ):
         assert out.count(f"| {name}") == 2  # one table per worker count
     # 64 workers, by hand: T = 126 x (50 us + 44.73 MB / 64 / (0.956 x 1.25 GB/s)) = 80.0 ms,
     # t_0 = 6.3 ms; hide: 1.2 x 86.3 / 60 -> 2; a GPU round (0.89 ms) within 1%: 0.89 / 0.6 -> 2.
@@ -231,7 +263,10 @@ def test_the_recommendation_gives_the_hiding_period_and_what_auto_does_with_it(c
         (["--workers", "x", "--step-ms", "60"], "--workers 'x' is not understood: give counts of at least 2"),
         ([], "--step-ms (compute per step, ms) is required"),
         (["--step-ms", "60", "--jitter", "2"], "--jitter is a coefficient of variation"),
-        (["--step-ms", "60", "--tau-max", "0"], '--tau-max must be at least 1 (the longest period of tau="auto")'),
+        (
+            ["--step-ms", "60", "--tau-max", "0"],
+            '--tau-max must be at least 1 (the longest period of tau="auto")',
+        ),
         (["--validate", "bench.json", "--tau-max", "-1"], "--tau-max must be at least 1"),
         (["--step-ms", "60", "--tau-max", "2.5"], "argument --tau-max: invalid int value: '2.5'"),
     ],
@@ -248,8 +283,14 @@ def test_bad_input_is_a_one_line_error(argv, message, capsys):
 @pytest.mark.parametrize(
     "text, bits_per_second",
     [
-        ("10gbit", "10gbit"), ("10Gbit", "10gbit"), ("10Gbps", "10gbit"), ("10gbps", "10gbit"),
-        ("100mbit", "100mbit"), ("100Mbps", "100mbit"), ("1.5gbit", "1.5gbit"), ("500KBPS", "500kbit"),
+        ("10gbit", "10gbit"),
+        ("10Gbit", "10gbit"),
+        ("10Gbps", "10gbit"),
+        ("10gbps", "10gbit"),
+        ("100mbit", "100mbit"),
+        ("100Mbps", "100mbit"),
+        ("1.5gbit", "1.5gbit"),
+        ("500KBPS", "500kbit"),
     ],
 )
 def test_link_rates_take_the_usual_spellings_all_in_bits_per_second(text, bits_per_second, capsys):
@@ -347,8 +388,22 @@ def test_a_compressed_round_carries_its_codecs_bytes_and_takes_its_codecs_time()
 @pytest.mark.timeout(10)
 def test_the_command_gives_the_period_that_hides_a_compressed_round(capsys):
     argv = [
-        "--workers", "4", "--model-bytes", "4000000", "--bandwidth", "80mbit", "--latency", "100us",
-        "--efficiency", "1", "--step-ms", "100", "--round-ms", "1", "--tau-max", "64",
+        "--workers",
+        "4",
+        "--model-bytes",
+        "4000000",
+        "--bandwidth",
+        "80mbit",
+        "--latency",
+        "100us",
+        "--efficiency",
+        "1",
+        "--step-ms",
+        "100",
+        "--round-ms",
+        "1",
+        "--tau-max",
+        "64",
     ]
     assert plan.main([*argv, "--compression", "int8,bf16", "--codec-ns", "int8=10"]) == 0
     out = re.sub(" +", " ", capsys.readouterr().out)  # the table's cells without their padding
@@ -357,7 +412,10 @@ def test_the_command_gives_the_period_that_hides_a_compressed_round(capsys):
         "with int8 rounds (1.00195 bytes an element, against fp32's 4): CoCoD-SGD tau=2 hides the round: "
         in out
     )
-    assert f"the round takes {1e3 * INT8_T:.1f} ms on the wire and 10.0 ms in the codec (5.0% of the period's" in out
+    assert (
+        f"the round takes {1e3 * INT8_T:.1f} ms on the wire and 10.0 ms in the codec (5.0% of the period's"
+        in out
+    )
     # bf16: T = 6 x (0.1 ms + 0.05 s) = 300.6 ms, no codec cost given: 1.2 x 301.2 / 100 -> 4.
     assert "with bf16 rounds (2 bytes an element, against fp32's 4): CoCoD-SGD tau=4 hides" in out
     assert f"| CoCoD-SGD tau=4 int8 | {1e3 * (0.001 + 0.4) / 4:.1f} " in out
@@ -372,10 +430,19 @@ def test_the_command_gives_the_period_that_hides_a_compressed_round(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--compression", "int4"], "--compression 'int4' is not understood; accepted: bf16, int8, comma-separated"),
-        (["--compression", "int8", "--codec-ns", "int8=-1"], "--codec-ns 'int8=-1' is not understood; accepted: "),
+        (
+            ["--compression", "int4"],
+            "--compression 'int4' is not understood; accepted: bf16, int8, comma-separated",
+        ),
+        (
+            ["--compression", "int8", "--codec-ns", "int8=-1"],
+            "--codec-ns 'int8=-1' is not understood; accepted: ",
+        ),
         (["--compression", "int8", "--codec-ns", "fp16=3"], "(e.g. int8=40,bf16=20; codecs: bf16, int8)"),
-        (["--compression", "int8", "--codec-ns", "bf16=3"], "--codec-ns names bf16, not in --compression int8"),
+        (
+            ["--compression", "int8", "--codec-ns", "bf16=3"],
+            "--codec-ns names bf16, not in --compression int8",
+        ),
         (["--codec-ns", "3"], "--codec-ns prices a codec's rounds: give --compression too"),
     ],
 )
@@ -394,21 +461,47 @@ def test_bad_codec_options_are_one_line_errors(argv, message, capsys):
 def test_validation_predicts_compressed_runs_with_their_own_codec_time():
     figures = _bench_figures(0.0006 + 5.96e6 / 8e6)  # calibrated as above: efficiency 0.8, 40 kB bucket
     methods = figures["workers"]["4"]["methods"]
-    methods["CoCoD-SGD tau=1 int8"] = {"80000000": {
-        "method": "cocod", "tau": 1, "taus": [1], "step_seconds": 0.2, "compression": "int8",
-        "codec_seconds_per_round": 0.01, "comm_seconds_per_round": 0.19, "bytes_sent_per_round": 1.5e6,
-    }}
+    methods["CoCoD-SGD tau=1 int8"] = {
+        "80000000": {
+            "method": "cocod",
+            "tau": 1,
+            "taus": [1],
+            "step_seconds": 0.2,
+            "compression": "int8",
+            "codec_seconds_per_round": 0.01,
+            "comm_seconds_per_round": 0.19,
+            "bytes_sent_per_round": 1.5e6,
+        }
+    }
     # A compressed Local-SGD round does not calibrate the link (its time is not fp32's).
-    methods["Local-SGD tau=4 int8"] = {"80000000": {
-        "method": "local_sgd", "tau": 4, "taus": [4], "step_seconds": 0.15, "compression": "int8",
-        "codec_seconds_per_round": 0.01, "comm_seconds_per_round": 0.01,
-    }}
-    figures["workers"]["4"]["methods"] = {"Local-SGD tau=4 int8": methods.pop("Local-SGD tau=4 int8"), **methods}
+    methods["Local-SGD tau=4 int8"] = {
+        "80000000": {
+            "method": "local_sgd",
+            "tau": 4,
+            "taus": [4],
+            "step_seconds": 0.15,
+            "compression": "int8",
+            "codec_seconds_per_round": 0.01,
+            "comm_seconds_per_round": 0.01,
+        }
+    }
+    figures["workers"]["4"]["methods"] = {
+        "Local-SGD tau=4 int8": methods.pop("Local-SGD tau=4 int8"),
+        **methods,
+    }
     methods = figures["workers"]["4"]["methods"]
-    methods["S-SGD +bf16 hook"] = {"80000000": {"method": "ssgd", "tau": None, "taus": None, "step_seconds": 0.5,
-                                                "comm_hook": "bf16"}}
-    methods["S-SGD +PowerSGD rank 1"] = {"80000000": {"method": "ssgd", "tau": None, "taus": None,
-                                                      "step_seconds": 0.3, "comm_hook": "powersgd"}}
+    methods["S-SGD +bf16 hook"] = {
+        "80000000": {"method": "ssgd", "tau": None, "taus": None, "step_seconds": 0.5, "comm_hook": "bf16"}
+    }
+    methods["S-SGD +PowerSGD rank 1"] = {
+        "80000000": {
+            "method": "ssgd",
+            "tau": None,
+            "taus": None,
+            "step_seconds": 0.3,
+            "comm_hook": "powersgd",
+        }
+    }
     assert plan.calibrate(figures)[1] == pytest.approx(0.8)
     rows = {r["method"]: r for r in plan.validate(figures)}
     wire = 6 * 1e6 * (1 + 4 / 2048) / 4  # bytes over the 4 links' hops
@@ -418,7 +511,9 @@ def test_validation_predicts_compressed_runs_with_their_own_codec_time():
     assert int8["predicted"] == pytest.approx(round_seconds + t_int8 + 0.01 + 0.0006)
     assert int8["allreduce"] == [0.19, pytest.approx(t_int8 + 0.01)]
     assert int8["bytes_sent"] == [1.5e6, pytest.approx(1.5 * 1e6 * (1 + 4 / 2048))]
-    assert rows["S-SGD +bf16 hook"]["predicted"] == pytest.approx(0.1 + 0.0006 + (3e6 - 40_000) / 8e6 + 0.0006)
+    assert rows["S-SGD +bf16 hook"]["predicted"] == pytest.approx(
+        0.1 + 0.0006 + (3e6 - 40_000) / 8e6 + 0.0006
+    )
     assert rows["S-SGD +PowerSGD rank 1"]["predicted"] is None
     table = plan.validation_table(list(rows.values()))
     assert "not modelled (powersgd: its bytes follow the layers' shapes)" in table

@@ -26,14 +26,27 @@ def run_ranks(out_dir, *args, timeout=120):
     port, procs = free_port(), []
     for rank in range(2):
         env = {
-            **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "PYTHONPATH": str(ROOT),
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "NODE_RANK": "0",
+            "PYTHONPATH": str(ROOT),
         }
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests._launch_workers.preempt_worker", str(out_dir), *map(str, args)],
-            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests._launch_workers.preempt_worker", str(out_dir), *map(str, args)],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
         errs = [p.stderr.read() for p in procs]
@@ -41,8 +54,10 @@ def run_ranks(out_dir, *args, timeout=120):
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    ends = [json.loads((out_dir / f"rank{r}.json").read_text()) if (out_dir / f"rank{r}.json").exists() else None
-            for r in range(2)]
+    ends = [
+        json.loads((out_dir / f"rank{r}.json").read_text()) if (out_dir / f"rank{r}.json").exists() else None
+        for r in range(2)
+    ]
     return codes, errs, ends
 
 
@@ -103,9 +118,16 @@ def fork_fit(tmp_path, strategy, what, at=5, steps=20):
     model = toy.ToyRegression(steps, str(tmp_path))
     sanity = at == "sanity check"
     trainer = pl.Trainer(
-        strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False,
-        limit_val_batches=1 if sanity else 0, num_sanity_val_steps=1 if sanity else 0,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_steps=steps,
+        logger=False,
+        limit_val_batches=1 if sanity else 0,
+        num_sanity_val_steps=1 if sanity else 0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
         callbacks=[SignalAt(tmp_path, 1, at, what), ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=0)],
     )
     trainer.fit(model)
@@ -115,9 +137,13 @@ def saves(tmp_path):
     return [[int(s) for s in (tmp_path / f"saves{r}").read_text().split()] for r in range(2)]
 
 
-@pytest.mark.parametrize("strategy", [
-    lambda: SSGDStrategy(start_method="fork", timeout=20), lambda: PipeSGDStrategy(start_method="fork", timeout=20),
-])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        lambda: SSGDStrategy(start_method="fork", timeout=20),
+        lambda: PipeSGDStrategy(start_method="fork", timeout=20),
+    ],
+)
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
 def test_a_signal_to_one_rank_stops_every_strategy_at_one_step(tmp_path, strategy, signum):
     with pytest.raises(ProcessExitedException) as stopped:
@@ -132,7 +158,12 @@ def test_a_signal_to_one_rank_stops_every_strategy_at_one_step(tmp_path, strateg
 def test_a_signal_before_training_starts_is_a_stop_too(tmp_path):
     # During the sanity check Lightning's own handler is in place: it must only raise our request.
     with pytest.raises(ProcessExitedException) as stopped:
-        fork_fit(tmp_path, CoCoDStrategy(tau=TAU, start_method="fork", timeout=20), signal.SIGTERM, at="sanity check")
+        fork_fit(
+            tmp_path,
+            CoCoDStrategy(tau=TAU, start_method="fork", timeout=20),
+            signal.SIGTERM,
+            at="sanity check",
+        )
     assert stopped.value.exit_code == PREEMPTED_EXIT_CODE
     written = saves(tmp_path)
     assert written[0] == written[1] and len(written[0]) == 1 and written[0][0] <= 1 + TAU, written
@@ -149,7 +180,9 @@ def test_a_peer_dying_in_lightnings_own_collectives_is_a_worker_lost_error(tmp_p
     codes, errs, _ = run_ranks(tmp_path, "cocod", 40, "die_in_validation", 1, 4)
     assert codes[1] == 3 and codes[0] not in (0, PREEMPTED_EXIT_CODE)
     last = [line for line in errs[0].splitlines() if "WorkerLostError" in line]
-    assert last and "rank 0, optimizer step 4" in last[-1] and "resume from the last checkpoint" in last[-1], errs[0][-3000:]
+    assert (
+        last and "rank 0, optimizer step 4" in last[-1] and "resume from the last checkpoint" in last[-1]
+    ), errs[0][-3000:]
     # Stopped because the peer's death was seen (its connection went), not by waiting out the
     # collective timeout: gloo's cause says which.
     assert "by peer" in last[-1] and "Timed out" not in last[-1], last[-1]

@@ -25,14 +25,27 @@ def start_ranks(args, port):
     procs = []
     for rank in range(2):
         env = {
-            **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "PYTHONPATH": str(ROOT),
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "NODE_RANK": "0",
+            "PYTHONPATH": str(ROOT),
         }
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests._launch_workers.train_worker", *map(str, args)],
-            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests._launch_workers.train_worker", *map(str, args)],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -56,7 +69,9 @@ def test_a_dead_worker_stops_the_others_with_a_clear_error_and_the_run_resumes(t
                 os.killpg(p.pid, signal.SIGKILL)
     assert died == -signal.SIGKILL
     assert code != 0
-    assert "WorkerLostError" in err and "rank 0" in err and "resume from the last checkpoint" in err, err[-2000:]
+    assert "WorkerLostError" in err and "rank 0" in err and "resume from the last checkpoint" in err, err[
+        -2000:
+    ]
     # Stopped because the peer's death was seen (its connection went), not by waiting out the
     # 30 s collective timeout: gloo's cause says which (an order of events, not a duration).
     lost = [line for line in err.splitlines() if "WorkerLostError" in line][-1]
@@ -105,7 +120,9 @@ def test_nonfinite_values_stop_the_run_naming_rank_and_step(tmp_path, strategy, 
 
 @pytest.mark.parametrize("strategy_cls", [CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy])
 def test_skip_recovers_the_bad_worker_and_the_run_goes_on(tmp_path, strategy_cls):
-    ranks = fit(strategy_cls(on_nonfinite="skip", start_method="fork"), tmp_path, steps=16, callbacks=[PoisonRank1(6)])
+    ranks = fit(
+        strategy_cls(on_nonfinite="skip", start_method="fork"), tmp_path, steps=16, callbacks=[PoisonRank1(6)]
+    )
     final = [torch.tensor(r["final"]) for r in ranks]
     assert all(torch.isfinite(f).all() for f in final) and torch.equal(final[0], final[1])
     for record in ranks:  # rank 1 was bad for a while, then healthy to the end
@@ -116,8 +133,12 @@ def test_skip_recovers_the_bad_worker_and_the_run_goes_on(tmp_path, strategy_cls
 def test_no_checkpoint_is_written_from_nonfinite_weights(tmp_path):
     ckpt = tmp_path / "late.ckpt"
     with pytest.raises(Exception, match=r"NonFiniteError.*rank 1 at optimizer step 7.*synchronisation point"):
-        fit(CoCoDStrategy(tau=4, start_method="fork"), tmp_path, steps=16,
-            callbacks=[PoisonRank1(6), SaveAt(7, ckpt)])
+        fit(
+            CoCoDStrategy(tau=4, start_method="fork"),
+            tmp_path,
+            steps=16,
+            callbacks=[PoisonRank1(6), SaveAt(7, ckpt)],
+        )
     assert not ckpt.exists() and not list(tmp_path.glob("*.tmp*"))
 
 
@@ -148,7 +169,9 @@ except Exception as err:
     sys.exit(1)
 """
     # (The subprocess timeout guards against a hang; the message says which deadline ended it.)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("RendezvousError: rank 1 of 2 could not meet the others at 127.0.0.1:"), last

@@ -38,7 +38,9 @@ def test_timeout_takes_seconds_or_a_timedelta(cls, given, seconds):
 
 
 @pytest.mark.parametrize("cls", ALL)
-@pytest.mark.parametrize("bad", [0, -5, timedelta(0), timedelta(seconds=-1), float("nan"), float("inf"), "30", True])
+@pytest.mark.parametrize(
+    "bad", [0, -5, timedelta(0), timedelta(seconds=-1), float("nan"), float("inf"), "30", True]
+)
 def test_a_bad_timeout_is_one_line_naming_what_is_accepted(cls, bad):
     with pytest.raises(ValueError) as err:
         cls(timeout=bad)
@@ -57,7 +59,12 @@ def test_auto_bounds_of_zero_are_refused_not_rounded_up():
 def test_resuming_auto_keeps_this_fits_bounds_and_the_measurements():
     saved = CoCoDStrategy(tau="auto", tau_max=64)
     saved.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
-    state = {**saved.rounds.state(), "steps": 40, "tau": saved.rounds.adaptive.tau, "tau_history": [(0, 4), (8, 24)]}
+    state = {
+        **saved.rounds.state(),
+        "steps": 40,
+        "tau": saved.rounds.adaptive.tau,
+        "tau_history": [(0, 4), (8, 24)],
+    }
     assert state["tau"] == 24
     resumed = CoCoDStrategy(tau="auto", tau_min=8, tau_max=8)
     resumed.rounds.load_state(state)
@@ -110,7 +117,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, h
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"not a checkpoint at all", random.Random(0).randbytes(4096)], ids=["empty", "text", "noise"]
+    "content",
+    [b"", b"not a checkpoint at all", random.Random(0).randbytes(4096)],
+    ids=["empty", "text", "noise"],
 )
 def test_a_file_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, content):
     path = tmp_path / "foreign.ckpt"
@@ -206,7 +215,9 @@ def test_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path):
         p.write_bytes(b"partial")
     assert sorted(remove_stale_temporaries(path)) == sorted([stale, stale_older, stale_older_digest])
     save(path)  # a save cleans up too, and leaves nothing of its own
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.ckpt", live.name, elsewhere.name, unrelated.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["last.ckpt", live.name, elsewhere.name, unrelated.name]
+    )
 
 
 # -- request flags ---------------------------------------------------------------------------------
@@ -257,7 +268,9 @@ print("met")
 
 def meet_alone(rank, port, timeout=4):
     code = MEET.format(port=port, rank=rank, timeout=timeout)
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def free_port():
@@ -273,10 +286,15 @@ def test_the_rendezvous_gives_up_within_the_timeout_on_every_path():
         foreign.listen(8)
         port, alone = foreign.getsockname()[1], free_port()
         started = {  # side by side: each measures its own time from its first rendezvous call
-            "foreign, rank 1": meet_alone(1, port), "foreign, rank 0": meet_alone(0, port),
-            "nobody, rank 0": meet_alone(0, alone), "nobody, rank 1": meet_alone(1, alone + 1 if alone < 65535 else alone - 1),
+            "foreign, rank 1": meet_alone(1, port),
+            "foreign, rank 0": meet_alone(0, port),
+            "nobody, rank 0": meet_alone(0, alone),
+            "nobody, rank 1": meet_alone(1, alone + 1 if alone < 65535 else alone - 1),
         }
-        runs = {case: subprocess.CompletedProcess(p.args, p.wait(timeout=60), *p.communicate()) for case, p in started.items()}
+        runs = {
+            case: subprocess.CompletedProcess(p.args, p.wait(timeout=60), *p.communicate())
+            for case, p in started.items()
+        }
     for case, proc in runs.items():
         assert proc.returncode == 1, (case, proc.returncode, proc.stderr[-2000:])  # an error, not an abort
         # The error came before the process's own reference deadline (1.5 timeouts from the call,
@@ -289,7 +307,10 @@ def test_the_rendezvous_gives_up_within_the_timeout_on_every_path():
             assert float(seconds) >= 0.9 * 4 - 0.05, (case, seconds)
         assert message.startswith("RendezvousError: rank "), (case, message)
         assert "\n" not in message
-    assert "cannot listen on 127.0.0.1" in runs["foreign, rank 0"].stdout and "Address already in use" in runs["foreign, rank 0"].stdout
+    assert (
+        "cannot listen on 127.0.0.1" in runs["foreign, rank 0"].stdout
+        and "Address already in use" in runs["foreign, rank 0"].stdout
+    )
     assert "within 0:00:04" in runs["foreign, rank 1"].stdout
 
 
@@ -304,5 +325,8 @@ def test_a_torchrun_restart_over_the_shared_store_is_refused_with_the_fix(monkey
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert meet() is False  # the first attempt: torch's own env:// set-up, over the agent's store
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    with pytest.raises(RendezvousError, match=r"rank 1: torchrun restarted the workers \(restart 2\).*TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+    with pytest.raises(
+        RendezvousError,
+        match=r"rank 1: torchrun restarted the workers \(restart 2\).*TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+    ):
         meet()

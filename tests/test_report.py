@@ -98,11 +98,16 @@ def test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_
     other_group = dict(SSGD_A1, group="h", seed=0, steady_step_seconds=9.0, id="h/ssgd")
     write_runs(tmp_path / "out", [early, SSGD_A0, other_group])
     skipped = []
-    found = [r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"]
+    found = [
+        r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"
+    ]
     assert sorted(r["id"] for r in found) == sorted([early["id"], SSGD_A0["id"]]) and skipped == []
     assert speedup(later, [*found, later]) == (pytest.approx(2.0 / 1.1), SSGD_A0["id"])
     # The run's end gives the rule every record under out_root: it keeps to the group itself.
-    assert speedup(later, [*load_runs([tmp_path / "out"]), later]) == (pytest.approx(2.0 / 1.1), SSGD_A0["id"])
+    assert speedup(later, [*load_runs([tmp_path / "out"]), later]) == (
+        pytest.approx(2.0 / 1.1),
+        SSGD_A0["id"],
+    )
     write_runs(tmp_path / "out", [dict(later, speedup_vs_ssgd=2.0 / 1.1)])
 
     # The report applies the rule to every record and marks the run whose record said unknown.
@@ -123,8 +128,12 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
         "text_acc/run.json": json.dumps(dict(COCOD_A1, id="g/bad-acc", test_acc="0.9")),
         "list_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-tau", tau=[4])),
         "method/run.json": json.dumps(dict(COCOD_A1, id="g/bad-method", method="sgd")),
-        "true_seed/run.json": json.dumps(dict(COCOD_A1, id="g/bad-seed", seed=True)),  # JSON's true: no number
-        "word_tau/run.json": json.dumps(dict(COCOD_A1, id="g/bad-word", tau="four")),  # "auto" is the one word
+        "true_seed/run.json": json.dumps(
+            dict(COCOD_A1, id="g/bad-seed", seed=True)
+        ),  # JSON's true: no number
+        "word_tau/run.json": json.dumps(
+            dict(COCOD_A1, id="g/bad-word", tau="four")
+        ),  # "auto" is the one word
         "a_list/run.json": "[1, 2]",
         "judged/run.json": json.dumps(dict(COCOD_A1, id="g/bad-goal", judged_by="perplexity")),
         "text_loss/run.json": json.dumps(
@@ -142,15 +151,28 @@ def test_a_damaged_or_malformed_record_is_named_and_costs_only_itself(tmp_path, 
     assert all(line.startswith("cocod-report: skipped ") for line in err)
     assert any(line.endswith("text_acc/run.json: test_acc '0.9' is not a number") for line in err)
     assert any(line.endswith("true_seed/run.json: seed True is not an integer") for line in err)
-    assert any(line.endswith("method/run.json: method 'sgd' is none of ssgd, pipe_sgd, local_sgd, cocod") for line in err)
-    assert any(line.endswith("judged/run.json: judged_by 'perplexity' is none of accuracy, loss") for line in err)
-    assert any(line.endswith("text_loss/run.json: timeline is not a list of {seconds, accuracy[, loss]} points") for line in err)
+    assert any(
+        line.endswith("method/run.json: method 'sgd' is none of ssgd, pipe_sgd, local_sgd, cocod")
+        for line in err
+    )
+    assert any(
+        line.endswith("judged/run.json: judged_by 'perplexity' is none of accuracy, loss") for line in err
+    )
+    assert any(
+        line.endswith("text_loss/run.json: timeline is not a list of {seconds, accuracy[, loss]} points")
+        for line in err
+    )
     # The good records are all there, as in the table worked out by hand below.
     table = (tmp_path / "rep" / "g.md").read_text()
     assert table.startswith(f"# g: {len(RUNS)} run(s)")
-    assert "| CoCoD-SGD | 4 | 2 | unshaped | 0,1 | 92.00 ± 1.41 (n=2) | 0.9500 ± 0.2121 (n=2) | 2.250 ± 0.354 (n=2) |" in table
+    assert (
+        "| CoCoD-SGD | 4 | 2 | unshaped | 0,1 | 92.00 ± 1.41 (n=2) | 0.9500 ± 0.2121 (n=2) | 2.250 ± 0.354 (n=2) |"
+        in table
+    )
     skipped = []
-    found = [r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"]
+    found = [
+        r for r in load_runs([tmp_path / "out"], lambda path, why: skipped.append(path)) if r["group"] == "g"
+    ]
     assert len(found) == len(RUNS)
     assert len(skipped) == len(damaged)
 
@@ -186,7 +208,11 @@ def test_table_rows_by_hand(tmp_path):
     )
     assert "| Local-SGD | 4 | 2 | unshaped | 2 | 90.00 | 1.0000 | – | 0.0% |" in table
     assert "| S-SGD | – | 2 | 100mbit | 0 | 90.00 | 5.0000 | 1.000 |" in table
-    assert "time to 90.0% (s)" in table and "Code: lightning_cocod 0.1.0 (git abc)." in table and "condition |" not in table
+    assert (
+        "time to 90.0% (s)" in table
+        and "Code: lightning_cocod 0.1.0 (git abc)." in table
+        and "condition |" not in table
+    )
     assert " * |" not in table and "finished before" not in table  # every record knew its speedup
     for plot in ("accuracy_vs_time", "speedup_vs_tau"):
         assert (tmp_path / "rep" / f"g_{plot}.png").read_bytes().startswith(b"\x89PNG")
@@ -283,7 +309,11 @@ def test_cocod_merge_variants_get_rows_and_lines_of_their_own(tmp_path, monkeypa
     ax = figures[-1].axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["CoCoD-SGD w=2", "CoCoD-SGD (progress 0.5) w=2"]
-    points = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines() if line.get_marker() == "o"]
+    points = [
+        (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if line.get_marker() == "o"
+    ]
     assert points == [([4, 8], [pytest.approx(91.0), pytest.approx(92.0)]), ([4], [pytest.approx(88.0)])]
 
 
@@ -322,15 +352,27 @@ def test_compressed_rounds_and_ddp_hooks_get_rows_of_their_own_and_no_hook_is_a_
     table = report.markdown("g", runs, report.summarise(runs), [])
     # The time-to-accuracy columns come last (these runs have timelines).
     assert "| sent per round (MB) | final val acc (%) |" in table.splitlines()[4]
-    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and "| 2.5 | 92.00 |" in line for line in table.splitlines())
+    assert any(
+        line.startswith("| CoCoD-SGD (int8) | 4 |") and "| 2.5 | 92.00 |" in line
+        for line in table.splitlines()
+    )
     # With the codec's seconds recorded (in all, over the run's rounds): a column of its own, per round.
-    timed = [dict(int8, codec_seconds=0.6, rounds=20), dict(int8, id="g/int8-s1", seed=1, codec_seconds=1.0, rounds=20)]
+    timed = [
+        dict(int8, codec_seconds=0.6, rounds=20),
+        dict(int8, id="g/int8-s1", seed=1, codec_seconds=1.0, rounds=20),
+    ]
     # fp32 rounds record zero codec seconds: the figure does not apply to them, and says so.
     plain = dict(COCOD_A0, codec_seconds=0.0, rounds=20)
-    lines = report.markdown("g", [SSGD_A0, plain, *timed], report.summarise([SSGD_A0, plain, *timed]), []).splitlines()
+    lines = report.markdown(
+        "g", [SSGD_A0, plain, *timed], report.summarise([SSGD_A0, plain, *timed]), []
+    ).splitlines()
     assert any(line.startswith("| CoCoD-SGD | 4 |") and "| – | – | 93.00 |" in line for line in lines)
     assert "| sent per round (MB) | codec per round (s) | final val acc (%) |" in lines[4]
-    assert any(line.startswith("| CoCoD-SGD (int8) | 4 |") and "| 0.0400 ± 0.0141 (n=2) | 92.00 ± 0.00 (n=2) |" in line for line in lines)
+    assert any(
+        line.startswith("| CoCoD-SGD (int8) | 4 |")
+        and "| 0.0400 ± 0.0141 (n=2) | 92.00 ± 0.00 (n=2) |" in line
+        for line in lines
+    )
     assert any(line.startswith("| S-SGD |") and "| – | – | 90.00 |" in line for line in lines)
 
 
@@ -340,14 +382,25 @@ def test_time_to_accuracy_by_hand():
     never (so "never" when half of them or more miss it)."""
 
     def timed(method, seed, points, **extra):
-        timeline = [{"seconds": s, "epoch": i, "step": 10 * i, "accuracy": a} for i, (s, a) in enumerate(points)]
-        return dict(run(method, seed, 1.0, points[-1][1], tau=None if method == "ssgd" else 2, **extra), timeline=timeline)
+        timeline = [
+            {"seconds": s, "epoch": i, "step": 10 * i, "accuracy": a} for i, (s, a) in enumerate(points)
+        ]
+        return dict(
+            run(method, seed, 1.0, points[-1][1], tau=None if method == "ssgd" else 2, **extra),
+            timeline=timeline,
+        )
 
     # S-SGD ends at 0.96 and 0.94: the level is 0.95, the target 0.945 (seed 0 at 20 s, seed 1 at 24 s).
-    ssgd = [timed("ssgd", 0, [(10, 0.80), (20, 0.95), (30, 0.96)]), timed("ssgd", 1, [(12, 0.85), (24, 0.946), (36, 0.94)])]
+    ssgd = [
+        timed("ssgd", 0, [(10, 0.80), (20, 0.95), (30, 0.96)]),
+        timed("ssgd", 1, [(12, 0.85), (24, 0.946), (36, 0.94)]),
+    ]
     # A hooked S-SGD ending far higher is a method compared: it moves neither the level nor the base.
     hooked = timed("ssgd", 0, [(5, 0.99)], comm_hook="bf16")
-    cocod = [timed("cocod", 0, [(4, 0.90), (8, 0.95), (12, 0.955)]), timed("cocod", 1, [(5, 0.90), (10, 0.944), (15, 0.951)])]
+    cocod = [
+        timed("cocod", 0, [(4, 0.90), (8, 0.95), (12, 0.955)]),
+        timed("cocod", 1, [(5, 0.90), (10, 0.944), (15, 0.951)]),
+    ]
     local = [timed("local_sgd", 0, [(6, 0.95)]), timed("local_sgd", 1, [(6, 0.90), (12, 0.93)])]
     # Three seeds, one of which misses: the median is the slower of the two that reached it.
     pipe = [timed("pipe_sgd", s, p) for s, p in enumerate([[(7, 0.95)], [(9, 0.96)], [(3, 0.90)]])]
@@ -360,17 +413,31 @@ def test_time_to_accuracy_by_hand():
     assert row["tta"] == pytest.approx(11.5) and row["tt_final"] == pytest.approx(11.5)
     assert row["tta_speedup"] == pytest.approx(22.0 / 11.5)
     assert row["final"] == pytest.approx(95.3) and row["final_std"] == pytest.approx(0.2828, abs=1e-4)
-    assert rows[("Local-SGD", "unshaped")]["tta"] is None and rows[("Local-SGD", "unshaped")]["tta_reached"] == 1
-    assert rows[("Pipe-SGD", "unshaped")]["tta"] == pytest.approx(9.0) and rows[("Pipe-SGD", "unshaped")]["tta_reached"] == 2
+    assert (
+        rows[("Local-SGD", "unshaped")]["tta"] is None and rows[("Local-SGD", "unshaped")]["tta_reached"] == 1
+    )
+    assert (
+        rows[("Pipe-SGD", "unshaped")]["tta"] == pytest.approx(9.0)
+        and rows[("Pipe-SGD", "unshaped")]["tta_reached"] == 2
+    )
     assert rows[("S-SGD (bf16)", "unshaped")]["tta"] == pytest.approx(5.0)  # measured against the plain S-SGD
     assert rows[("CoCoD-SGD", "100mbit")]["level"] is None
     lines = report.markdown("g", runs, report.summarise(runs), []).splitlines()
     header = "| final val acc (%) | target (%) | time to target (s) | speedup to target | time to S-SGD's final (s) | tau settled |"
     assert next(line for line in lines if line.startswith("| method |")).endswith(header)
-    assert any(line.startswith("| CoCoD-SGD | 2 | 2 | unshaped |") and line.endswith("| 95.30 ± 0.28 (n=2) | 94.50 | 11.5 (2/2) | 1.91x | 11.5 | – |") for line in lines)
-    assert any(line.startswith("| Local-SGD | 2 |") and "| never (1/2) | – | never |" in line for line in lines)
+    assert any(
+        line.startswith("| CoCoD-SGD | 2 | 2 | unshaped |")
+        and line.endswith("| 95.30 ± 0.28 (n=2) | 94.50 | 11.5 (2/2) | 1.91x | 11.5 | – |")
+        for line in lines
+    )
+    assert any(
+        line.startswith("| Local-SGD | 2 |") and "| never (1/2) | – | never |" in line for line in lines
+    )
     assert any(line.startswith("| Pipe-SGD |") and "| 9.0 (2/3) | 2.44x |" in line for line in lines)
-    assert any(line.startswith("| CoCoD-SGD | 2 | 2 | 100mbit |") and line.endswith("| 99.00 | – | – | – | – | – |") for line in lines)
+    assert any(
+        line.startswith("| CoCoD-SGD | 2 | 2 | 100mbit |") and line.endswith("| 99.00 | – | – | – | – | – |")
+        for line in lines
+    )
 
 
 def test_time_to_loss_by_hand(tmp_path, monkeypatch):
@@ -380,31 +447,47 @@ def test_time_to_loss_by_hand(tmp_path, monkeypatch):
 
     def timed(method, seed, points, **extra):
         timeline = [
-            {"seconds": s, "epoch": i, "step": 10 * i, "accuracy": 0.4, "loss": loss} for i, (s, loss) in enumerate(points)
+            {"seconds": s, "epoch": i, "step": 10 * i, "accuracy": 0.4, "loss": loss}
+            for i, (s, loss) in enumerate(points)
         ]
         tau = None if method == "ssgd" else 2
         return dict(run(method, seed, 1.0, 0.4, tau=tau, judged_by="loss", **extra), timeline=timeline)
 
     # S-SGD ends at 1.30 and 1.32: the level 1.31, the target 1.32 (seed 0 at 30 s, seed 1 at 36 s).
-    ssgd = [timed("ssgd", 0, [(10, 2.0), (20, 1.5), (30, 1.30)]), timed("ssgd", 1, [(12, 2.0), (24, 1.4), (36, 1.32)])]
+    ssgd = [
+        timed("ssgd", 0, [(10, 2.0), (20, 1.5), (30, 1.30)]),
+        timed("ssgd", 1, [(12, 2.0), (24, 1.4), (36, 1.32)]),
+    ]
     # CoCoD: 1.319 at 8 s, 1.321 then 1.315 at 15 s (1.321 is short of 1.32): median 11.5 s.
-    cocod = [timed("cocod", 0, [(4, 1.5), (8, 1.319), (12, 1.318)]), timed("cocod", 1, [(5, 1.5), (10, 1.321), (15, 1.315)])]
+    cocod = [
+        timed("cocod", 0, [(4, 1.5), (8, 1.319), (12, 1.318)]),
+        timed("cocod", 1, [(5, 1.5), (10, 1.321), (15, 1.315)]),
+    ]
     # Local-SGD: one seed diverged after reaching 1.4; the other ends above the target.
     local = [timed("local_sgd", 0, [(6, 1.4), (12, None)]), timed("local_sgd", 1, [(6, 1.5), (12, 1.33)])]
     runs = [*ssgd, *cocod, *local]
     rows = {r["label"]: r for r in report.summarise(runs)}
-    assert rows["S-SGD"]["level"] == pytest.approx(1.31) and rows["S-SGD"]["goal_target"] == pytest.approx(1.32)
+    assert rows["S-SGD"]["level"] == pytest.approx(1.31) and rows["S-SGD"]["goal_target"] == pytest.approx(
+        1.32
+    )
     assert rows["S-SGD"]["tta"] == pytest.approx(33.0)
-    assert rows["CoCoD-SGD"]["tta"] == pytest.approx(11.5) and rows["CoCoD-SGD"]["tta_speedup"] == pytest.approx(33.0 / 11.5)
+    assert rows["CoCoD-SGD"]["tta"] == pytest.approx(11.5) and rows["CoCoD-SGD"][
+        "tta_speedup"
+    ] == pytest.approx(33.0 / 11.5)
     assert rows["CoCoD-SGD"]["final"] == pytest.approx(1.3165)  # losses are shown as they are, not in percent
     assert rows["CoCoD-SGD"]["tt_final"] is None  # S-SGD's own 1.31: neither seed got below 1.315
     local_row = rows["Local-SGD"]
     assert local_row["tta"] is None and local_row["tta_reached"] == 0
-    assert local_row["final"] == pytest.approx(1.33) and local_row["final_n"] == 1  # the diverged seed has none
+    assert (
+        local_row["final"] == pytest.approx(1.33) and local_row["final_n"] == 1
+    )  # the diverged seed has none
     lines = report.markdown("g", runs, report.summarise(runs), []).splitlines()
     header = "| final val loss (nats) | target (nats) | time to target (s) | speedup to target |"
     assert header in next(line for line in lines if line.startswith("| method |"))
-    assert any(line.startswith("| CoCoD-SGD |") and "| 1.317 ± 0.002 (n=2) | 1.320 | 11.5 (2/2) | 2.87x |" in line for line in lines)
+    assert any(
+        line.startswith("| CoCoD-SGD |") and "| 1.317 ± 0.002 (n=2) | 1.320 | 11.5 (2/2) | 2.87x |" in line
+        for line in lines
+    )
     assert any("validation loss plus 0.01 nats" in line for line in lines)
     # The plot is the loss against wall time, lower better: the line of the diverged seed's row
     # ends where its seeds' validations stop being all finite.
@@ -425,13 +508,23 @@ def test_hostile_records_are_each_skipped_and_named_and_no_link_is_written_throu
 
     write_runs(tmp_path / "out", RUNS)
     bad = {
-        "nan/run.json": (json.dumps(dict(COCOD_A1, id="g/nan", test_acc=float("nan"))), "test_acc nan is not a number"),
-        "inf/run.json": (
-            json.dumps(dict(COCOD_A1, id="g/inf", steady_step_seconds=float("inf"))), "steady_step_seconds inf is not a number"
+        "nan/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/nan", test_acc=float("nan"))),
+            "test_acc nan is not a number",
         ),
-        "nul/run.json": (json.dumps(dict(COCOD_A1, id="g/nul", group="a\0b")), "group 'a\\x00b' is not a name"),
+        "inf/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/inf", steady_step_seconds=float("inf"))),
+            "steady_step_seconds inf is not a number",
+        ),
+        "nul/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/nul", group="a\0b")),
+            "group 'a\\x00b' is not a name",
+        ),
         "long/run.json": (json.dumps(dict(COCOD_A1, id="g/long", group="x" * 300)), "group 'xxxxxxxx"),
-        "deep/run.json": ("[" * 100_000 + "]" * 100_000, "its JSON is nested deeper than Python's parser goes"),
+        "deep/run.json": (
+            "[" * 100_000 + "]" * 100_000,
+            "its JSON is nested deeper than Python's parser goes",
+        ),
     }
     for name, (text, _) in bad.items():
         (tmp_path / "out" / name).parent.mkdir(parents=True)

@@ -7,8 +7,8 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
-from lightning_cocod.data import DigitsDataModule
 from lightning_cocod.callbacks import ProportionalSampling
+from lightning_cocod.data import DigitsDataModule
 from lightning_cocod.models import ClassifierModule, SmallCNN
 from lightning_cocod.strategies.checkpointing import STATE_KEY
 
@@ -35,9 +35,17 @@ def fit(make_strategy, max_steps, ckpt_path=None, save=None, callbacks=()):
     pl.seed_everything(0)
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=8), lr=0.05, schedule="cosine")
     trainer = pl.Trainer(
-        strategy=make_strategy(), accelerator="cpu", devices=2, max_steps=max_steps, max_epochs=-1,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, callbacks=[SingleThread(), *([SaveAt(*save)] if save else []), *callbacks],
+        strategy=make_strategy(),
+        accelerator="cpu",
+        devices=2,
+        max_steps=max_steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[SingleThread(), *([SaveAt(*save)] if save else []), *callbacks],
     )
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=32), ckpt_path=ckpt_path)
     return torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -87,7 +95,9 @@ def test_resume_restores_the_adaptive_period(tmp_path):
     fit(lambda: CoCoDStrategy(tau="auto", start_method="fork"), SAVE_AT, save=(SAVE_AT, ckpt))
     saved = torch.load(ckpt, weights_only=False)[STATE_KEY]["strategy"]
     fit(
-        lambda: CoCoDStrategy(tau="auto", start_method="fork"), SAVE_AT + 4, ckpt_path=ckpt,
+        lambda: CoCoDStrategy(tau="auto", start_method="fork"),
+        SAVE_AT + 4,
+        ckpt_path=ckpt,
         callbacks=[RecordTau(tmp_path / "tau")],
     )
     for rank in range(2):
@@ -123,5 +133,7 @@ class ForgetTheResumeOnRankOne(pl.Callback):
 def test_ranks_that_resumed_at_different_steps_are_refused_before_training(tmp_path, name):
     ckpt = tmp_path / "mid.ckpt"
     fit(STRATEGIES[name], SAVE_AT, save=(SAVE_AT, ckpt))
-    with pytest.raises(Exception, match=rf"CheckpointError: the workers start fit at different steps \(0 to {SAVE_AT};"):
+    with pytest.raises(
+        Exception, match=rf"CheckpointError: the workers start fit at different steps \(0 to {SAVE_AT};"
+    ):
         fit(STRATEGIES[name], STEPS, ckpt_path=ckpt, callbacks=[ForgetTheResumeOnRankOne()])

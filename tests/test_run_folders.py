@@ -73,7 +73,9 @@ def test_a_folder_in_use_is_refused_even_to_a_resume_and_free_once_its_run_has_e
     holder.start()
     try:
         assert started.wait(30)
-        with pytest.raises(ConfigError, match=r"^run_id: .*/run is in use by a run still going \(started .* by pid "):
+        with pytest.raises(
+            ConfigError, match=r"^run_id: .*/run is in use by a run still going \(started .* by pid "
+        ):
             claim(tmp_path / "run", continuing=True, key="run_id")
     finally:
         stop.set()
@@ -101,14 +103,20 @@ def test_a_folder_made_before_claims_keeps_its_records(tmp_path):
 @pytest.mark.parametrize("key", ["name", "run_id", "group"])
 @pytest.mark.parametrize("value", [".", ".."])
 def test_names_cannot_leave_the_output_root(key, value, tmp_path):
-    with pytest.raises(ConfigError, match=rf"^{key}='\.+' is invalid; accepted: a name of letters.* other than \. and \.\."):
+    with pytest.raises(
+        ConfigError, match=rf"^{key}='\.+' is invalid; accepted: a name of letters.* other than \. and \.\."
+    ):
         preflight(["experiment=smoke", f"out_root={tmp_path}", f"{key}={value}"])
 
 
-def test_atomic_write_reaches_the_disk_before_the_rename_and_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+def test_atomic_write_reaches_the_disk_before_the_rename_and_keeps_the_old_file_on_failure(
+    tmp_path, monkeypatch
+):
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))
+    )
     path = tmp_path / "sub" / "run.json"
     atomic_write(path, "old")
     assert path.read_text() == "old"
@@ -133,7 +141,9 @@ def test_a_damaged_record_under_resume_auto_is_named(tmp_path):
     folder = tmp_path / "out" / "smoke" / "r"
     folder.mkdir(parents=True)
     (folder / "run.json").write_text("")
-    done = run_app(tmp_path, "experiment=smoke", f"out_root={tmp_path / 'out'}", "run_id=r", "checkpoint.resume=auto")
+    done = run_app(
+        tmp_path, "experiment=smoke", f"out_root={tmp_path / 'out'}", "run_id=r", "checkpoint.resume=auto"
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"cocod-train: error: {folder / 'run.json'} is not a run record (Expecting value: line 1 column 1 "
@@ -158,10 +168,14 @@ def test_a_second_run_with_the_same_id_is_refused_and_damaged_files_of_others_co
     assert first.returncode == 0, first.stderr[-3000:]
     folder = out / "smoke" / "exp1"
     rank0 = (folder / "workers" / "rank0.stderr").read_text()
-    assert f"passed over {out / 'smoke' / 'broken' / 'run.json'} in search of this run's S-SGD baseline" in rank0
+    assert (
+        f"passed over {out / 'smoke' / 'broken' / 'run.json'} in search of this run's S-SGD baseline" in rank0
+    )
     record = json.loads((folder / "run.json").read_text())
     assert (record["tau"], record["seed"], record["speedup_vs_ssgd"]) == (2, 1, None)
-    kept = {p: p.read_bytes() for p in [folder / "run.json", folder / "resolved.yaml", *folder.glob(".hydra/*")]}
+    kept = {
+        p: p.read_bytes() for p in [folder / "run.json", folder / "resolved.yaml", *folder.glob(".hydra/*")]
+    }
 
     second = run_app(tmp_path, *common, "run_id=exp1", "tau=8", "seed=2")
     assert second.returncode == 2
@@ -189,8 +203,24 @@ def test_an_eval_set_the_workers_cannot_split_evenly_is_refused_before_any_worke
     )
     # Batches of one: 3 samples give rank 0 one batch and rank 1 two.
     with pytest.raises(ConfigError, match=r"^data.num_eval_samples=3 is invalid; .* \(e.g. 4\)$"):
-        preflight(["experiment=smoke", "data=synthetic", f"out_root={tmp_path}", "data.num_eval_samples=3", "data.eval_batch_size=1"])
-    assert preflight(["experiment=smoke", "data=synthetic", f"out_root={tmp_path}", "data.num_eval_samples=4", "data.eval_batch_size=1"])
+        preflight(
+            [
+                "experiment=smoke",
+                "data=synthetic",
+                f"out_root={tmp_path}",
+                "data.num_eval_samples=3",
+                "data.eval_batch_size=1",
+            ]
+        )
+    assert preflight(
+        [
+            "experiment=smoke",
+            "data=synthetic",
+            f"out_root={tmp_path}",
+            "data.num_eval_samples=4",
+            "data.eval_batch_size=1",
+        ]
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a read-only mount needs root (root writes through mode bits)")
@@ -204,7 +234,11 @@ def test_a_read_only_checkpoint_folder_is_refused_before_any_worker_starts(tmp_p
     script = f"mount --bind {checkpoints} {checkpoints} && mount -o remount,bind,ro {checkpoints} && exec {command}"
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        cwd=tmp_path, capture_output=True, text=True, timeout=110, stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
@@ -242,7 +276,10 @@ def test_no_file_the_package_writes_in_a_run_folder_goes_through_a_planted_link(
             claim(run, continuing=continuing, key="run_id")
         assert "\n" not in str(err.value)
     assert str(err.value).startswith(f"run_id: {run} belongs to another run")
-    with pytest.raises(ConfigError, match=rf"^run_id: cannot claim {run}: {run / CLAIM} is a symbolic link, not a file of its own; accepted: "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^run_id: cannot claim {run}: {run / CLAIM} is a symbolic link, not a file of its own; accepted: ",
+    ):
         claim(run, continuing=True, key="run_id")
     # The records and the workers' inputs, planted under their names and their temporaries' names.
     names = [JOB_CONFIG, JOB_IDENTITY, "resolved.yaml", "run.json"]

@@ -52,11 +52,17 @@ def rounds_of(*methods: str) -> dict:
     for method in methods:
         strategy = (CoCoDStrategy if method == "cocod" else LocalSGDStrategy)(tau=TAU, timeout=60)
         trainer = build_trainer(
-            strategy=strategy, accelerator="cpu", devices=2, max_steps=STEPS, limit_val_batches=0,
+            strategy=strategy,
+            accelerator="cpu",
+            devices=2,
+            max_steps=STEPS,
+            limit_val_batches=0,
             use_distributed_sampler=False,
         )
         trainer.fit(Sleepy())
-        figures[method] = [[r.comm_seconds, r.exposed_seconds, r.nbytes] for r in trainer.strategy.comm_stats][:-1]
+        figures[method] = [
+            [r.comm_seconds, r.exposed_seconds, r.nbytes] for r in trainer.strategy.comm_stats
+        ][:-1]
     return figures
 
 
@@ -65,9 +71,17 @@ def hidden(rounds) -> float:
 
 
 def test_cocod_hides_a_shaped_links_all_reduce_that_local_sgd_waits_for(tmp_path):
-    shaped = launch_workers(rounds_of, 2, f"{RATE_BITS / 1e6:.0f}mbit", args=["cocod", "local_sgd"],
-                            timeout_s=200, output_dir=tmp_path / "shaped")[0]
-    unshaped = launch_workers(rounds_of, 2, None, args=["cocod"], timeout_s=200, output_dir=tmp_path / "plain")[0]
+    shaped = launch_workers(
+        rounds_of,
+        2,
+        f"{RATE_BITS / 1e6:.0f}mbit",
+        args=["cocod", "local_sgd"],
+        timeout_s=200,
+        output_dir=tmp_path / "shaped",
+    )[0]
+    unshaped = launch_workers(
+        rounds_of, 2, None, args=["cocod"], timeout_s=200, output_dir=tmp_path / "plain"
+    )[0]
     # What the machine adds to a round besides the wire (gloo's threads, the load), measured on
     # the unshaped loopback in this very test.
     overhead = max(comm for comm, _, _ in unshaped["cocod"])

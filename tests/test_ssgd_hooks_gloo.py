@@ -31,9 +31,9 @@ def _bf16_mean(grads: list[torch.Tensor]) -> torch.Tensor:
 def test_bf16_hook_reduces_the_gradients_in_bf16(tmp_path):
     ranks = fit(SSGDStrategy(comm_hook="bf16", start_method="fork"), tmp_path)
     expected = toy.reference_ssgd(WORLD, STEPS, mean=_bf16_mean)
-    assert max(
-        abs(a - b) for a, b in zip(expected[1][0], toy.reference_ssgd(WORLD, STEPS)[1][0])
-    ) > 1e-6  # bf16 changes the numbers: the test tells the two apart
+    assert (
+        max(abs(a - b) for a, b in zip(expected[1][0], toy.reference_ssgd(WORLD, STEPS)[1][0])) > 1e-6
+    )  # bf16 changes the numbers: the test tells the two apart
     assert_matches(ranks, *expected)
 
 

@@ -20,14 +20,27 @@ def test_a_stalled_peer_ends_the_run_by_the_timeout(tmp_path):
     port, procs = free_port(), []
     for rank in range(2):
         env = {
-            **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "PYTHONPATH": str(ROOT),
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "NODE_RANK": "0",
+            "PYTHONPATH": str(ROOT),
         }
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests._launch_workers.stalling_worker", str(tmp_path), "5", "4"],
-            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests._launch_workers.stalling_worker", str(tmp_path), "5", "4"],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         code = procs[0].wait(timeout=200)  # a guard against a hang, not a measurement
         stalled_alive = procs[1].poll() is None

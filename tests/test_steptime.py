@@ -54,7 +54,7 @@ def test_the_product_window_counts_exactly_the_timed_steps(monkeypatch):
     original = ClassifierModule.training_step
 
     def counted(self, batch, batch_idx):
-        clock[0] += 2.0 ** self.trainer.global_step
+        clock[0] += 2.0**self.trainer.global_step
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(ClassifierModule, "training_step", counted)

@@ -49,8 +49,15 @@ class AskToStop(pl.Callback):
 )
 def test_a_stop_asked_on_one_rank_ends_every_rank_at_one_step_with_a_checkpoint(tmp_path, strategy, how):
     trainer = pl.Trainer(
-        strategy=strategy(), accelerator="cpu", devices=2, max_steps=STEPS, logger=False,
-        limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+        strategy=strategy(),
+        accelerator="cpu",
+        devices=2,
+        max_steps=STEPS,
+        logger=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         use_distributed_sampler=False,
         callbacks=[AskToStop(tmp_path, how), ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=0)],
     )

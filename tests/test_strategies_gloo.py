@@ -1,6 +1,8 @@
 """Each strategy through a real Trainer on 2 gloo processes (fork) against a single-process
 reference simulation of its update rule on the same per-rank data."""
 
+from typing import ClassVar
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -68,7 +70,7 @@ def test_pipe_sgd_matches_reference(tmp_path):
 def test_local_sgd_tau_one_plain_sgd_equals_ssgd(tmp_path):
     module = toy.ToyRegression(STEPS, str(tmp_path), momentum=0.0, weight_decay=0.0)
     ranks = fit(LocalSGDStrategy(tau=1, start_method="fork"), tmp_path, module=module)
-    trajectory, final = toy.reference_ssgd(WORLD, STEPS, momentum=0.0, weight_decay=0.0)
+    trajectory, _final = toy.reference_ssgd(WORLD, STEPS, momentum=0.0, weight_decay=0.0)
     for r, record in enumerate(ranks):
         got = torch.tensor(record["trajectory"])
         torch.testing.assert_close(got, torch.tensor([s[r] for s in trajectory]), rtol=0, atol=1e-5)
@@ -116,6 +118,7 @@ class RecordOrder(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         import json
+
         (pl_module.out_dir / f"order{trainer.global_rank}.json").write_text(json.dumps(self.events))
 
 
@@ -128,9 +131,26 @@ def test_cocod_allreduce_in_flight_during_the_rounds_local_steps(tmp_path):
         train = [e for e in log if e[0] in ("step", "launch", "wait")]
         # launch before step 0's compute, then 4 local steps, then the wait; the partial last
         # round (steps 8, 9) is waited on when fit ends, followed by the final average.
-        expected = [("step", 0), ("launch", 0), ("step", 1), ("step", 2), ("step", 3), ("wait", 4),
-                    ("step", 4), ("launch", 4), ("step", 5), ("step", 6), ("step", 7), ("wait", 8),
-                    ("step", 8), ("launch", 8), ("step", 9), ("wait", 10), ("launch", 10), ("wait", 10)]
+        expected = [
+            ("step", 0),
+            ("launch", 0),
+            ("step", 1),
+            ("step", 2),
+            ("step", 3),
+            ("wait", 4),
+            ("step", 4),
+            ("launch", 4),
+            ("step", 5),
+            ("step", 6),
+            ("step", 7),
+            ("wait", 8),
+            ("step", 8),
+            ("launch", 8),
+            ("step", 9),
+            ("wait", 10),
+            ("launch", 10),
+            ("wait", 10),
+        ]
         assert train == expected
 
 
@@ -139,8 +159,15 @@ class CountDefaultGroupCollectives(pl.Callback):
     whichever way the group is given: left out, None, by position, or as the WORLD group."""
 
     # Where each function takes its group when passed by position.
-    GROUP_AT = {"broadcast": 2, "all_reduce": 2, "barrier": 0, "all_gather": 2, "all_gather_object": 2,
-                "broadcast_object_list": 2, "reduce": 3}
+    GROUP_AT: ClassVar[dict[str, int]] = {
+        "broadcast": 2,
+        "all_reduce": 2,
+        "barrier": 0,
+        "all_gather": 2,
+        "all_gather_object": 2,
+        "broadcast_object_list": 2,
+        "reduce": 3,
+    }
 
     def __init__(self, out_dir):
         self.out_dir, self.count, self.training = out_dir, 0, False
@@ -154,7 +181,11 @@ class CountDefaultGroupCollectives(pl.Callback):
             original = getattr(distributed_c10d, name)
 
             def counted(*args, _original=original, _position=position, **kwargs):
-                group = kwargs["group"] if "group" in kwargs else (args[_position] if len(args) > _position else None)
+                group = (
+                    kwargs["group"]
+                    if "group" in kwargs
+                    else (args[_position] if len(args) > _position else None)
+                )
                 if self.training and group in (None, dist.group.WORLD, default):
                     self.count += 1
                 return _original(*args, **kwargs)
@@ -194,7 +225,9 @@ class FrozenBiasToy(toy.ToyRegression):
         self.net.bias.requires_grad_(False)
 
     def configure_optimizers(self):
-        return torch.optim.SGD([self.net.weight], lr=toy.LR, momentum=toy.MOMENTUM, weight_decay=toy.WEIGHT_DECAY)
+        return torch.optim.SGD(
+            [self.net.weight], lr=toy.LR, momentum=toy.MOMENTUM, weight_decay=toy.WEIGHT_DECAY
+        )
 
     def on_train_batch_start(self, batch, batch_idx):
         if self.trainer.global_step == self.unfreeze_at:
@@ -203,7 +236,9 @@ class FrozenBiasToy(toy.ToyRegression):
 
 
 def test_a_layer_unfrozen_mid_fit_is_averaged_like_the_rest(tmp_path):
-    ranks = fit(CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path, module=FrozenBiasToy(STEPS, str(tmp_path), 3))
+    ranks = fit(
+        CoCoDStrategy(tau=TAU, start_method="fork"), tmp_path, module=FrozenBiasToy(STEPS, str(tmp_path), 3)
+    )
     trajectory, final = toy.reference_cocod(WORLD, STEPS, TAU, unfreeze_bias_at=3)
     assert trajectory[2][0][-2:] == trajectory[0][0][-2:]  # the bias really was frozen, then moved
     assert_matches(ranks, trajectory, final)

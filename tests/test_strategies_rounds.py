@@ -20,8 +20,14 @@ def drive(rounds_of_rank, steps=STEPS):
     model_group, control_group = FakeCluster(WORLD), FakeCluster(WORLD)
     rounds = [rounds_of_rank(rank) for rank in range(WORLD)]
     for rank, r in enumerate(rounds):
-        r.attach(workers.models[rank], model_group.comms[rank], rank=rank, world_size=WORLD,
-                 device=torch.device("cpu"), control=control_group.comms[rank])
+        r.attach(
+            workers.models[rank],
+            model_group.comms[rank],
+            rank=rank,
+            world_size=WORLD,
+            device=torch.device("cpu"),
+            control=control_group.comms[rank],
+        )
         r.optimizers = [workers.opts[rank]]
         r.start()
     trajectory = []
@@ -48,7 +54,11 @@ def test_cocod_rounds_from_a_plain_loop_follow_the_update_rule():
     torch.testing.assert_close(torch.tensor(trajectory), torch.tensor(expected), rtol=0, atol=1e-6)
     assert [(r.launch_step, r.finish_step) for r in rounds[0].comm_stats.rounds] == [(0, 4), (4, 8)]
     assert rounds[0].state() == {
-        "class": "loop", "steps": STEPS, "weight": None, "tau": TAU, "tau_history": [(0, TAU)],
+        "class": "loop",
+        "steps": STEPS,
+        "weight": None,
+        "tau": TAU,
+        "tau_history": [(0, TAU)],
     }
 
 

@@ -21,7 +21,9 @@ def test_tau_must_be_a_positive_integer(cls, bad):
 
 @pytest.mark.parametrize("bad", [0, -0.5, float("inf"), True, "0.5", None])
 def test_cocod_progress_must_be_a_positive_number(bad):
-    with pytest.raises(ValueError, match=rf"CoCoDStrategy: progress={bad!r} is invalid; accepted: a positive number"):
+    with pytest.raises(
+        ValueError, match=rf"CoCoDStrategy: progress={bad!r} is invalid; accepted: a positive number"
+    ):
         CoCoDStrategy(progress=bad)
 
 
@@ -41,11 +43,16 @@ def test_unsupported_options_are_named(cls):
 
 def test_registered_names_resolve_to_fresh_instances():
     expected = {
-        "cocod": (CoCoDStrategy, "popen"), "cocod_spawn": (CoCoDStrategy, "spawn"),
-        "cocod_fork": (CoCoDStrategy, "fork"), "cocod_notebook": (CoCoDStrategy, "fork"),
-        "local_sgd": (LocalSGDStrategy, "popen"), "local_sgd_spawn": (LocalSGDStrategy, "spawn"),
-        "pipe_sgd": (PipeSGDStrategy, "popen"), "pipe_sgd_fork": (PipeSGDStrategy, "fork"),
-        "ssgd": (SSGDStrategy, "popen"), "ssgd_spawn": (SSGDStrategy, "spawn"),
+        "cocod": (CoCoDStrategy, "popen"),
+        "cocod_spawn": (CoCoDStrategy, "spawn"),
+        "cocod_fork": (CoCoDStrategy, "fork"),
+        "cocod_notebook": (CoCoDStrategy, "fork"),
+        "local_sgd": (LocalSGDStrategy, "popen"),
+        "local_sgd_spawn": (LocalSGDStrategy, "spawn"),
+        "pipe_sgd": (PipeSGDStrategy, "popen"),
+        "pipe_sgd_fork": (PipeSGDStrategy, "fork"),
+        "ssgd": (SSGDStrategy, "popen"),
+        "ssgd_spawn": (SSGDStrategy, "spawn"),
     }
     for name, (cls, start_method) in expected.items():
         strategy = pl.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False).strategy
@@ -56,7 +63,10 @@ def test_registered_names_resolve_to_fresh_instances():
     # The default period is tau="auto", starting at its bound, SAFE_TAU_MAX = 2.
     assert a is not b and a.tau == 2 and a.rounds.adaptive is not None and a.average_buffers is True
     assert str(a) == "CoCoDStrategy(tau='auto', progress=1.0, average_buffers=True, start_method='popen')"
-    assert "ddp" in StrategyRegistry and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
+    assert (
+        "ddp" in StrategyRegistry
+        and type(pl.Trainer(strategy="ddp", devices=2, accelerator="cpu").strategy) is DDPStrategy
+    )
 
 
 def test_ssgd_is_lightnings_ddp():
@@ -77,5 +87,7 @@ def test_readme_one_liner_prints_the_strategy():
         "import lightning_cocod, pytorch_lightning as pl; "
         "print(pl.Trainer(strategy='cocod', accelerator='cpu', devices=2).strategy)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert "CoCoDStrategy(tau='auto'" in out.stdout

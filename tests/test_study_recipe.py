@@ -22,7 +22,12 @@ def test_the_study_recipe_runs_each_method_and_period_once_and_reports_their_gro
     env.update(WORKERS="2", SEEDS="0", TAUS="2")  # with the half-progress run at 4: two periods
     done = subprocess.run(
         ["bash", str(REPO / "recipes" / "mnist1d_study.sh"), "max_epochs=2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     commands = [shlex.split(line) for line in done.stdout.splitlines()]
@@ -47,8 +52,12 @@ def test_the_study_recipe_runs_each_method_and_period_once_and_reports_their_gro
     # S-SGD first, and S-SGD and Pipe-SGD once (no period); Local-SGD and CoCoD at tau 2; CoCoD
     # at auto; CoCoD keeping half its progress at 4.
     assert ran == [
-        ("ssgd", None, 1.0), ("pipe_sgd", None, 1.0), ("local_sgd", 2, 1.0), ("cocod", 2, 1.0),
-        ("cocod", "auto", 1.0), ("cocod", 4, 0.5),
+        ("ssgd", None, 1.0),
+        ("pipe_sgd", None, 1.0),
+        ("local_sgd", 2, 1.0),
+        ("cocod", 2, 1.0),
+        ("cocod", "auto", 1.0),
+        ("cocod", 4, 0.5),
     ]
     # The report reads the folder all the runs are under, for their one group.
     assert folders == {str(tmp_path / "out" / "mnist1d")} and groups == {"mnist1d-mini"}
@@ -69,7 +78,9 @@ def test_the_time_to_accuracy_recipe_runs_every_method_on_per_worker_links(tmp_p
     # S-SGD first in its sweep and once; Local-SGD at two periods; CoCoD in every codec at the
     # default tau="auto" (bound 2) and with the bound lifted to hide the round.
     assert ran == [
-        ("ssgd", None, None, None), ("local_sgd", 4, None, None), ("local_sgd", 8, None, None),
+        ("ssgd", None, None, None),
+        ("local_sgd", 4, None, None),
+        ("local_sgd", 8, None, None),
         ("ssgd", None, "bf16", None),
         *(("cocod", "auto", codec, bound) for codec in (None, "bf16", "int8") for bound in (2, 64)),
     ]
@@ -84,11 +95,19 @@ def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_pa
         (cfg,) = preflight(["experiment=smoke", "strategy.compression=int8", f"out_root={tmp_path}", *bound])
         names.append(make_identity(cfg, tmp_path / "run", "r1")["name"])
     # The default bound (2) is the method's default: no variant; 64 is another row of a report.
-    assert names == ["cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-w2-s0", "cocod-tauauto-int8-tau_max64-w2-s0"]
+    assert names == [
+        "cocod-tauauto-int8-w2-s0",
+        "cocod-tauauto-int8-w2-s0",
+        "cocod-tauauto-int8-tau_max64-w2-s0",
+    ]
     # With an outer step the default bound is 1, so 2 is named and 1 is not.
     outer = []
     for bound in ([], ["+strategy.tau_max=1"], ["+strategy.tau_max=2"]):
         argv = ["experiment=smoke", "strategy.progress=2.0", f"out_root={tmp_path}", *bound]
         (cfg,) = preflight(argv)
         outer.append(make_identity(cfg, tmp_path / "run", "r1")["name"])
-    assert outer == ["cocod-tauauto-progress2-w2-s0", "cocod-tauauto-progress2-w2-s0", "cocod-tauauto-progress2-tau_max2-w2-s0"]
+    assert outer == [
+        "cocod-tauauto-progress2-w2-s0",
+        "cocod-tauauto-progress2-w2-s0",
+        "cocod-tauauto-progress2-tau_max2-w2-s0",
+    ]

@@ -19,9 +19,8 @@ import torch
 import yaml
 
 from lightning_cocod.app import report
-from lightning_cocod.app.fit import steady_step_seconds
+from lightning_cocod.app.fit import REDACTED, log_final, redact, steady_step_seconds, wandb_mode
 from lightning_cocod.app.identity import code_of, git_commit
-from lightning_cocod.app.fit import REDACTED, log_final, redact, wandb_mode
 from lightning_cocod.launch.netns import shaped_namespace
 
 # 128 samples, 32 per rank x 2 ranks: 2 optimizer steps per epoch; an 8-wide SmallCNN.
@@ -133,7 +132,9 @@ def test_a_sweep_at_two_links_gives_each_run_the_speedup_over_its_own_links_ssgd
     # The sweep again, as a requeued SLURM job runs it: with auto-resume the finished jobs are left
     # as they are, records and all, and nothing trains.
     before = {job: (job / "run.json").read_bytes() for job in records}
-    again = run_app(tmp_path, *common, "run_id=fast", "strategy=cocod,ssgd", "tau=2,4", "checkpoint.resume=auto")
+    again = run_app(
+        tmp_path, *common, "run_id=fast", "strategy=cocod,ssgd", "tau=2,4", "checkpoint.resume=auto"
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(re.findall(r": finished already \(", again.stdout + again.stderr)) == 3
     assert {job: (job / "run.json").read_bytes() for job in records} == before
@@ -153,7 +154,9 @@ def _pid_of_rank(rank: int, job_dir: Path) -> int:
     raise AssertionError(f"no process for rank {rank} of {job_dir}")
 
 
-def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int, *args: str, app_itself=False):
+def _signal_rank_one(
+    tmp_path: Path, folder: Path, progress_seen: str, sig: int, *args: str, app_itself=False
+):
     """Runs cocod-train with ``args``; once its progress matches ``progress_seen``, sends ``sig``
     to rank 1 alone (or, ``app_itself``, to the app, as a terminal's Ctrl-C does). Returns the
     app's exit code, stdout and stderr."""
@@ -166,7 +169,7 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
         text=True,
         stdin=subprocess.DEVNULL,
         # As a terminal starts it: a suite run in the background inherits SIGINT ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (no threads yet)
     )
     try:
         progress = folder / "workers" / "progress.txt"
@@ -185,11 +188,23 @@ def _signal_rank_one(tmp_path: Path, folder: Path, progress_seen: str, sig: int,
 @pytest.mark.timeout(420)
 def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
     # 4096 samples, 32 per rank x 2: 64 steps per epoch; nothing saved on a schedule before step 64.
-    common = ["experiment=smoke", "data=synthetic", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=r1"]
+    common = [
+        "experiment=smoke",
+        "data=synthetic",
+        "logger=none",
+        f"out_root={tmp_path / 'out'}",
+        "run_id=r1",
+    ]
     common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "step_time_warmup=1"]
     folder = tmp_path / "out" / "smoke" / "r1"
     code, console, _ = _signal_rank_one(
-        tmp_path, folder, r"step ([3-9]|\d\d+)/", signal.SIGTERM, *common, "max_epochs=50", "progress_every_s=0.5"
+        tmp_path,
+        folder,
+        r"step ([3-9]|\d\d+)/",
+        signal.SIGTERM,
+        *common,
+        "max_epochs=50",
+        "progress_every_s=0.5",
     )  # one rank only: every rank must stop with it
     assert code == 75, console[-3000:]
     last = folder / "checkpoints" / "last.ckpt"
@@ -231,7 +246,13 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
 
     # A worker killed outright (no signal handler runs): one line naming it, and how to resume.
     code, _, errors = _signal_rank_one(
-        tmp_path, folder, r"step (6[89]|[7-9]\d|\d{3,})/", signal.SIGKILL, *common, "max_epochs=50", "checkpoint.resume=last"
+        tmp_path,
+        folder,
+        r"step (6[89]|[7-9]\d|\d{3,})/",
+        signal.SIGKILL,
+        *common,
+        "max_epochs=50",
+        "checkpoint.resume=last",
     )
     assert code == 1, errors[-3000:]
     assert errors.strip().splitlines()[-1] == (
@@ -246,16 +267,29 @@ def test_a_preempted_run_resumes_with_the_one_command_it_prints(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_ctrl_c_to_the_app_says_so_and_prints_the_command_that_resumes(tmp_path):
-    common = ["experiment=smoke", "data=synthetic", "logger=none", f"out_root={tmp_path / 'out'}", "run_id=c1"]
+    common = [
+        "experiment=smoke",
+        "data=synthetic",
+        "logger=none",
+        f"out_root={tmp_path / 'out'}",
+        "run_id=c1",
+    ]
     common += ["max_epochs=50"]
-    common += ["data.num_samples=4096", "data.num_eval_samples=64", "model.net.width=8", "progress_every_s=0.5"]
+    common += [
+        "data.num_samples=4096",
+        "data.num_eval_samples=64",
+        "model.net.width=8",
+        "progress_every_s=0.5",
+    ]
     folder = tmp_path / "out" / "smoke" / "c1"
     code, console, errors = _signal_rank_one(
         tmp_path, folder, r"step ([3-9]|\d\d+)/", signal.SIGINT, *common, app_itself=True
     )
     assert code == 130, errors[-3000:]
     last = folder / "checkpoints" / "last.ckpt"
-    assert f"cocod-tauauto-w2-s0: interrupted (Ctrl-C); checkpoint {last}; resume with: cocod-train " in console
+    assert (
+        f"cocod-tauauto-w2-s0: interrupted (Ctrl-C); checkpoint {last}; resume with: cocod-train " in console
+    )
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] >= 3  # the workers saved
     assert "Traceback" not in errors
 
@@ -288,7 +322,9 @@ def test_the_final_figures_reach_wandb_as_the_record_has_them():
     assert "final/loss_timeline" not in summary  # a classifier's record has no loss timeline
     # A language model's record: its loss timeline too, which its time to target reads.
     logger = WandbLogger()
-    log_final(logger, {**record, "timeline": [{"seconds": 1.0, "step": 2, "accuracy": 0.4, "loss": 1.5}]}, step=7)
+    log_final(
+        logger, {**record, "timeline": [{"seconds": 1.0, "step": 2, "accuracy": 0.4, "loss": 1.5}]}, step=7
+    )
     assert logger.experiment.summary["final/loss_timeline"] == [[1.0, 1.5]]
 
 
@@ -314,7 +350,9 @@ def test_git_commit_is_unknown_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == ("unknown", False)
     # This repository: its HEAD as git itself says, when the tests run from a checkout (CI's clone).
     root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True
+    )
     lines = head.stdout.split()
     in_checkout = head.returncode == 0 and Path(lines[0]).resolve() == root
     assert git_commit(root)[0] == (lines[1] if in_checkout else "unknown")
@@ -348,7 +386,7 @@ def test_steady_step_time_over_whole_rounds_and_short_runs():
     assert steady_step_seconds([5.0], warmup=1, period=1) is None
 
 
-USER_MODULE = '''
+USER_MODULE = """
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -389,7 +427,7 @@ class MyData(pl.LightningDataModule):
         return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size)
 
     val_dataloader = test_dataloader = train_dataloader
-'''
+"""
 
 
 @pytest.mark.slow
@@ -398,12 +436,24 @@ class MyData(pl.LightningDataModule):
 def test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder(tmp_path):
     (tmp_path / "mymod.py").write_text(USER_MODULE)
     # Started as the console script is: no current folder on sys.path (python -P).
-    common = ["-P", "-m", "lightning_cocod.app.train", "data=digits", "logger=none", f"out_root={tmp_path / 'out'}"]
+    common = [
+        "-P",
+        "-m",
+        "lightning_cocod.app.train",
+        "data=digits",
+        "logger=none",
+        f"out_root={tmp_path / 'out'}",
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     mine = ["data._target_=mymod.MyData", "~model", "+model._target_=mymod.MyModule", "+model.hidden=16"]
     done = subprocess.run(
         [sys.executable, *common, *mine, "max_epochs=1", "run_id=u", "step_time_warmup=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "out" / "default" / "u" / "run.json").read_text())
@@ -411,7 +461,12 @@ def test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder(tmp_pat
     # Only the target replaced: the package's model keys would go to a module that takes none of them.
     refused = subprocess.run(
         [sys.executable, *common, "model._target_=mymod.MyModule"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "cocod-train: error: unknown key 'model.base_batch_size'; MyModule accepts: hidden; a module of your own: "

@@ -83,7 +83,9 @@ def test_ranks_as_nodes_of_one_device_make_a_two_rank_cocod_run(tmp_path):
     assert all(r["placement"]["ranks_per_device"] == 2 for r in results)
     # Two rounds of tau=2, each averaging the model over a process group of the two ranks.
     assert [r["comm"]["rounds"] for r in results] == [2, 2]
-    assert results[0]["comm"]["bytes_sent"] == results[1]["comm"]["bytes_sent"] >= 2 * results[0]["model_bytes"]
+    assert (
+        results[0]["comm"]["bytes_sent"] == results[1]["comm"]["bytes_sent"] >= 2 * results[0]["model_bytes"]
+    )
 
 
 @pytest.mark.distributed

@@ -251,14 +251,22 @@ def check(cfg: DictConfig) -> None:
         raise bad("judged_by", cfg.judged_by, " or ".join(GOALS))
     interval = cfg.trainer.val_check_interval
     if not (_positive_int(interval) or (isinstance(interval, float) and 0 < interval <= 1)):
-        accepted = "a fraction of an epoch in (0, 1] (0.25: four validations an epoch) or a number of batches >= 1"
+        accepted = (
+            "a fraction of an epoch in (0, 1] (0.25: four validations an epoch) or a number of batches >= 1"
+        )
         raise bad("trainer.val_check_interval", interval, accepted)
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
-    if cfg.tau not in (None, "auto") and not _positive_int(cfg.tau):  # checked for S-SGD too, which ignores it
+    if cfg.tau not in (None, "auto") and not _positive_int(
+        cfg.tau
+    ):  # checked for S-SGD too, which ignores it
         accepted = "optimizer steps per round of cocod and local_sgd; the other methods ignore it"
-        raise bad("tau", cfg.tau, f"null (each method's default), a positive integer ({accepted}), or 'auto' (cocod)")
+        raise bad(
+            "tau",
+            cfg.tau,
+            f"null (each method's default), a positive integer ({accepted}), or 'auto' (cocod)",
+        )
     timeout = cfg.strategy.get("timeout")
     # Below a second gloo's own connect and I/O deadlines expire inside its threads, which abort
     # the process (SIGABRT) instead of raising: a failure that names nothing.

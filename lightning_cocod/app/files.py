@@ -70,9 +70,13 @@ def claim(folder: Path, continuing: bool, key: str) -> None:
                 os.close(fd)
                 raise not_regular(path)
     except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENXIO) or err.errno is None:  # no file of ours in the claim's place
+        if (
+            err.errno in (errno.ELOOP, errno.ENXIO) or err.errno is None
+        ):  # no file of ours in the claim's place
             accepted = f"another {key}, or a folder whose {CLAIM} is a run's claim file"
-            raise ConfigError(f"{key}: cannot claim {folder}: {not_regular(path)}; accepted: {accepted}") from None
+            raise ConfigError(
+                f"{key}: cannot claim {folder}: {not_regular(path)}; accepted: {accepted}"
+            ) from None
         raise ConfigError(
             f"{key}: cannot claim {folder} ({err.strerror}); accepted: a folder this user can write"
         ) from None

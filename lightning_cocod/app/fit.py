@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig
 
-from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.callbacks import CALLBACKS
+from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import condition, condition_id, measured, to_plain
 from lightning_cocod.app.runs import load_runs, write_finished
 from lightning_cocod.app.speedup import speedup
@@ -100,7 +100,9 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
         default_root_dir=str(job_dir),
     )
     config = to_plain(cfg)
-    cond = condition(config, measured(trainer, cfg.launcher.get("rate"), cfg.launcher.get("topology", "loopback")))
+    cond = condition(
+        config, measured(trainer, cfg.launcher.get("rate"), cfg.launcher.get("topology", "loopback"))
+    )
     identity = {
         **identity,
         "condition": cond,

@@ -160,7 +160,9 @@ def measured(trainer: Any, rate: str | None, topology: str = "loopback") -> dict
         cpu = ""
     cpu = f"{cpu or platform.processor() or platform.machine()} x{os.cpu_count()}"
     return {
-        "link": (format_rate(parse_rate(rate)) + ("/node" if topology == "pernode" else "")) if shaped else "unshaped",
+        "link": (format_rate(parse_rate(rate)) + ("/node" if topology == "pernode" else ""))
+        if shaped
+        else "unshaped",
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if accelerator == "cuda" else cpu,
         "accelerator": accelerator,

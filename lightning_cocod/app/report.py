@@ -25,7 +25,16 @@ from lightning_cocod._errors import first_line
 from lightning_cocod._files import atomic_write
 from lightning_cocod.app.identity import code_of, variant_of
 from lightning_cocod.app.runs import load_runs
-from lightning_cocod.app.speedup import GOALS, Record, final_value, goal_of, median_time, speedup, ssgd_final, time_to
+from lightning_cocod.app.speedup import (
+    GOALS,
+    Record,
+    final_value,
+    goal_of,
+    median_time,
+    speedup,
+    ssgd_final,
+    time_to,
+)
 from lightning_cocod.methods import METHODS, label
 
 ACCURACY = "test acc (%)"  # validation runs on the test split: the table and the plot name it alike
@@ -301,7 +310,10 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
             at, mean, *std = zip(*sorted(points, key=lambda p: p[0]))  # a timeline's points carry no std
             bars = {"yerr": std[0], "marker": "o"} if std else {"marker": "."}
             ax.errorbar(at, mean, capsize=3, label=name, **bars)
-        for level, name in [*levels, *((t, "target (S-SGD's final, within the margin)") for t in sorted(targets[title]))]:
+        for level, name in [
+            *levels,
+            *((t, "target (S-SGD's final, within the margin)") for t in sorted(targets[title])),
+        ]:
             ax.axhline(level, linestyle="--", linewidth=1, color="grey")
             ax.annotate(name, (xs[-1], level), fontsize=7, ha="right", va="bottom")
         if targets[title]:  # the race to the target, not the first epochs, is what the panel is for
@@ -328,7 +340,9 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
     # hold a link under a report's name, and matplotlib would write through it to its target.
     with tempfile.TemporaryDirectory(prefix="cocod-report-") as scratch:
         for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
-            shown = "_".join(sorted({r["goal"] for r in rows})) if y == "timeline" else _IN_FILE_NAMES.get(y, y)
+            shown = (
+                "_".join(sorted({r["goal"] for r in rows})) if y == "timeline" else _IN_FILE_NAMES.get(y, y)
+            )
             name = f"{stem}_{shown}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
             if plot(rows, x, y, Path(scratch, name)):
                 atomic_write(out / name, Path(scratch, name).read_bytes())
@@ -368,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         try:  # one group's report that cannot be written costs that report alone
             print(write_report(group, members, out))
         except OSError as err:
-            print(f"cocod-report: error: group {group!r}: cannot write its report ({first_line(err)})", file=sys.stderr)
+            print(
+                f"cocod-report: error: group {group!r}: cannot write its report ({first_line(err)})",
+                file=sys.stderr,
+            )
             failed = True
     return 1 if failed else 0
 

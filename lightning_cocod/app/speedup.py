@@ -64,7 +64,9 @@ def _baselines(record: Record, runs: Iterable[Record], keys: tuple[str, ...]) ->
 
 def baseline(record: Record, runs: Iterable[Record]) -> Record | None:
     """The S-SGD run ``record`` is compared with, or None when the group has none like it."""
-    like = [r for r in _baselines(record, runs, ("group", "condition_id", "seed")) if r.get("steady_step_seconds")]
+    like = [
+        r for r in _baselines(record, runs, ("group", "condition_id", "seed")) if r.get("steady_step_seconds")
+    ]
     return min(like, key=lambda r: (r.get("finished_at") or float("inf"), str(r.get("id"))), default=None)
 
 
@@ -84,13 +86,17 @@ def final_value(record: Record) -> float | None:
 def time_to(record: Record, level: float) -> float | None:
     """Wall seconds from the run's first step to its first validation at ``level`` or better."""
     goal = goal_of(record)
-    return next((p["seconds"] for p in record.get("timeline") or [] if goal.reached(p.get(goal.key), level)), None)
+    return next(
+        (p["seconds"] for p in record.get("timeline") or [] if goal.reached(p.get(goal.key), level)), None
+    )
 
 
 def ssgd_final(record: Record, runs: Iterable[Record]) -> float | None:
     """S-SGD's final validation figure in ``record``'s group and condition, the mean over its
     seeds: what "as good as S-SGD" means for every run of that condition."""
-    finals = [f for r in _baselines(record, runs, ("group", "condition_id")) if (f := final_value(r)) is not None]
+    finals = [
+        f for r in _baselines(record, runs, ("group", "condition_id")) if (f := final_value(r)) is not None
+    ]
     return statistics.fmean(finals) if finals else None
 
 

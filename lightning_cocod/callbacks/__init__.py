@@ -5,6 +5,11 @@ from lightning_cocod.callbacks.hetero import ProportionalSampling, SimulatedSlow
 from lightning_cocod.callbacks.metrics import AccuracyTimeline, PeriodicCheckpoint, ProgressLine, StepTimer
 
 __all__ = [
-    "AccuracyTimeline", "PeriodicCheckpoint", "ProgressLine", "ProportionalSampling", "SimulatedSlowdown",
-    "StepTimer", "check_slowdowns",
+    "AccuracyTimeline",
+    "PeriodicCheckpoint",
+    "ProgressLine",
+    "ProportionalSampling",
+    "SimulatedSlowdown",
+    "StepTimer",
+    "check_slowdowns",
 ]

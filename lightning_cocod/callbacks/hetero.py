@@ -31,7 +31,9 @@ def check_slowdowns(factors: Sequence[float], world_size: int | None = None) -> 
     factors = list(factors)
     bad = [f for f in factors if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1.0]
     if bad:
-        raise ValueError(f"slowdown factors must be numbers >= 1 (1 = full speed, 2 = twice as slow), got {factors}")
+        raise ValueError(
+            f"slowdown factors must be numbers >= 1 (1 = full speed, 2 = twice as slow), got {factors}"
+        )
     if world_size is not None and len(factors) != world_size:
         raise ValueError(f"slowdown has {len(factors)} factors for {world_size} workers: give one per rank")
     return [float(f) for f in factors]
@@ -60,7 +62,9 @@ class SimulatedSlowdown(Callback):
         check_slowdowns(self.factors, trainer.world_size)
         self.factor = self.factors[trainer.global_rank]
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any
+    ) -> None:
         if self.factor == 1.0:
             return
         x = batch[0]
@@ -71,7 +75,9 @@ class SimulatedSlowdown(Callback):
     def _calibrate(self, pl_module: pl.LightningModule, x: torch.Tensor) -> float:
         # Private copies of the parameters: the real ones (and any DDP hooks on them) are not
         # touched, and nothing here communicates.
-        params = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in pl_module.named_parameters()}
+        params = {
+            k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in pl_module.named_parameters()
+        }
         buffers = {k: v.detach().clone() for k, v in pl_module.named_buffers()}
 
         def one_pass() -> float:
@@ -106,7 +112,9 @@ class ProportionalSampling(Callback):
             if not _positive_int(value):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         sizes = list(batch_sizes or [])
-        if batch_sizes is not None and not (all(map(_positive_int, sizes)) and sum(sizes) == global_batch_size):
+        if batch_sizes is not None and not (
+            all(map(_positive_int, sizes)) and sum(sizes) == global_batch_size
+        ):
             raise ValueError(
                 f"batch_sizes {sizes} must be positive integers summing to "
                 f"global_batch_size={global_batch_size}"
@@ -155,7 +163,9 @@ class ProportionalSampling(Callback):
         if hasattr(strategy, "weight"):
             strategy.weight = sizes[trainer.global_rank] / self.global_batch_size
         elif len(set(sizes)) > 1 and trainer.is_global_zero:
-            log.warning(f"{type(strategy).__name__} averages gradients uniformly: unequal batches {sizes} are not weighted")
+            log.warning(
+                f"{type(strategy).__name__} averages gradients uniformly: unequal batches {sizes} are not weighted"
+            )
 
     # A step is measured from the previous step's end, not from this callback's batch-start
     # hook: whatever runs in the step counts however the callbacks are ordered (a slowdown
@@ -179,7 +189,9 @@ class ProportionalSampling(Callback):
         return stats.exposed_seconds if stats is not None else 0.0
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        pl_module.log("hetero/batch_size", float(self.sizes[trainer.global_rank]), on_epoch=True, sync_dist=False)
+        pl_module.log(
+            "hetero/batch_size", float(self.sizes[trainer.global_rank]), on_epoch=True, sync_dist=False
+        )
         if self.fixed is not None or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         throughput = self._samples / self._seconds if self._seconds > 0 else 1.0
@@ -190,5 +202,7 @@ class ProportionalSampling(Callback):
         sizes = proportional_split(self.global_batch_size, capabilities)
         if sizes != self.sizes:
             if trainer.is_global_zero:
-                log.info(f"proportional sampling: batch sizes {self.sizes} -> {sizes} (throughput {capabilities})")
+                log.info(
+                    f"proportional sampling: batch sizes {self.sizes} -> {sizes} (throughput {capabilities})"
+                )
             self._apply(trainer, sizes, epoch=trainer.current_epoch + 1)

@@ -81,7 +81,11 @@ class AccuracyTimeline(Callback):
     (``time/to_target_seconds``)."""
 
     def __init__(
-        self, timer: StepTimer, metric: str = "val/acc", target: float | None = None, loss_metric: str = "val/loss"
+        self,
+        timer: StepTimer,
+        metric: str = "val/acc",
+        target: float | None = None,
+        loss_metric: str = "val/loss",
     ) -> None:
         self.timer, self.metric, self.target, self.loss_metric = timer, metric, target, loss_metric
         self.points: list[dict[str, float | None]] = []
@@ -133,7 +137,8 @@ class PeriodicCheckpoint(Checkpoint):
         resume_from: str | os.PathLike | None = None,
     ) -> None:
         for name, value, kind in (
-            ("every_n_epochs", every_n_epochs, int), ("every_n_steps", every_n_steps, int),
+            ("every_n_epochs", every_n_epochs, int),
+            ("every_n_steps", every_n_steps, int),
             ("every_n_minutes", every_n_minutes, (int, float)),
         ):
             if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
@@ -165,7 +170,9 @@ class PeriodicCheckpoint(Checkpoint):
     def _save(self, trainer: pl.Trainer) -> None:
         if self._saved_step != trainer.global_step:
             Path(self.last_path).parent.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(self.last_path, weights_only=False)  # a full checkpoint: a resume needs it all
+            trainer.save_checkpoint(
+                self.last_path, weights_only=False
+            )  # a full checkpoint: a resume needs it all
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict

@@ -26,8 +26,19 @@ _LAZY = {
     "RoundRecord": "lightning_cocod.core.stats",
 }
 __all__ = [
-    "CoCoDRound", "CommStats", "CommunicationError", "CompressedMean", "Communicator", "FiniteCheck", "FlatBuffer",
-    "GradientPipeline", "Handle", "RoundRecord", "TorchDistCommunicator", "average_blocking", "has_nonfinite",
+    "CoCoDRound",
+    "CommStats",
+    "CommunicationError",
+    "Communicator",
+    "CompressedMean",
+    "FiniteCheck",
+    "FlatBuffer",
+    "GradientPipeline",
+    "Handle",
+    "RoundRecord",
+    "TorchDistCommunicator",
+    "average_blocking",
+    "has_nonfinite",
 ]
 
 

@@ -47,7 +47,9 @@ def proportional_split(global_batch: int, capabilities: Sequence[float]) -> list
         )
     bad = [c for c in capabilities if not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0)]
     if bad:
-        raise ValueError(f"capabilities must be positive finite numbers (samples/s), got {list(capabilities)}")
+        raise ValueError(
+            f"capabilities must be positive finite numbers (samples/s), got {list(capabilities)}"
+        )
     total = float(sum(capabilities))
     exact = [global_batch * c / total for c in capabilities]
     sizes = [math.floor(e) for e in exact]
@@ -108,7 +110,9 @@ class AdaptivePeriod:
         if tau_min > tau_max:
             raise ValueError(f"tau bounds are in the wrong order: tau_min={tau_min} > tau_max={tau_max}")
         if not margin >= 1.0:
-            raise ValueError(f"margin must be >= 1 (a period that only just hides communication), got {margin!r}")
+            raise ValueError(
+                f"margin must be >= 1 (a period that only just hides communication), got {margin!r}"
+            )
         if not 0.0 < overhead < 1.0:
             raise ValueError(f"overhead must be a share of the step time in (0, 1), got {overhead!r}")
         if not 0.0 < smoothing <= 1.0:
@@ -135,13 +139,17 @@ class AdaptivePeriod:
 
     def needed(self) -> int:
         """The period the smoothed figures ask for, within bounds."""
-        assert self.comm_seconds is not None and self.step_seconds is not None and self.round_seconds is not None
+        assert (
+            self.comm_seconds is not None and self.step_seconds is not None and self.round_seconds is not None
+        )
         hide = self.hiding_period()
         assert hide is not None
         # The round's own work counts once two rounds have measured it: their least value, so a
         # preempted first round cannot set the period either.
         amortise = (
-            math.ceil(self.round_seconds / (self.overhead * self.step_seconds) - 1e-9) if self.round_samples >= 2 else 1
+            math.ceil(self.round_seconds / (self.overhead * self.step_seconds) - 1e-9)
+            if self.round_samples >= 2
+            else 1
         )
         return min(max(hide, amortise, self.tau_min), self.tau_max)
 
@@ -154,7 +162,9 @@ class AdaptivePeriod:
         self.step_seconds = self._smooth(self.step_seconds, step_seconds)
         # A round's own work is fixed work that interference (a preempted worker) only lengthens:
         # its least measured value is the estimate, so one slow round does not raise the period.
-        self.round_seconds = round_seconds if self.round_seconds is None else min(self.round_seconds, round_seconds)
+        self.round_seconds = (
+            round_seconds if self.round_seconds is None else min(self.round_seconds, round_seconds)
+        )
         self.round_samples += 1
         needed = self.needed()
         if needed >= self.tau:

@@ -113,7 +113,6 @@ class CoCoDRound:
         torch._foreach_add_(self.tensors, self.average.views)
         return handle
 
-
     def settle(self) -> Handle:
         """Wait for the round and leave its average to the exact one that follows (a synchronisation
         point): ``x <- (1 - lambda) snap + lambda x``, whose mean over the workers is the rule's
@@ -168,7 +167,9 @@ class FiniteCheck:
         self._copied: torch.cuda.Event | None = None
         if not self.buckets:
             return
-        sums = torch.stack([b.sum(dtype=torch.float64 if b.dtype == torch.float64 else torch.float32) for b in self.buckets])
+        sums = torch.stack(
+            [b.sum(dtype=torch.float64 if b.dtype == torch.float64 else torch.float32) for b in self.buckets]
+        )
         if sums.is_cuda:
             self._sums = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
             self._sums.copy_(sums, non_blocking=True)

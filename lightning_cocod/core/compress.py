@@ -34,7 +34,9 @@ from torch import Tensor
 from lightning_cocod.core.comm import Handle, _failures_named
 
 SLICE = 1 << 17  # elements the codec works on at a time (see ``_slices``)
-INT8_BLOCK = 2048  # elements sharing one fp32 scale: 0.2% of the payload, and an outlier spoils only its block
+INT8_BLOCK = (
+    2048  # elements sharing one fp32 scale: 0.2% of the payload, and an outlier spoils only its block
+)
 # torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -271,7 +273,11 @@ class CompressedMean:
     def _exchange_bucket(self, bucket: Tensor, index: int, share: float, figures: dict[str, float]) -> None:
         assert self.reference is not None and self.residuals is not None and self.sum_residuals is not None
         codec, world, n = self.codec, self.world_size, bucket.numel()
-        reference, residual, sum_residual = self.reference[index], self.residuals[index], self.sum_residuals[index]
+        reference, residual, sum_residual = (
+            self.reference[index],
+            self.residuals[index],
+            self.sum_residuals[index],
+        )
         chunk = residual.numel() // world
         slices = self._slices(chunk)
         offsets = [0]  # where each slice's payload starts within a chunk's payload
@@ -307,7 +313,11 @@ class CompressedMean:
         for (start, end), at in zip(slices, offsets):
             width = codec.payload_bytes(end - start)
             # The same order of additions on every rank.
-            total = sum_residual[start:end].clone() if self.error_feedback else received.new_zeros(end - start, dtype=torch.float32)
+            total = (
+                sum_residual[start:end].clone()
+                if self.error_feedback
+                else received.new_zeros(end - start, dtype=torch.float32)
+            )
             for j in range(world):
                 codec.decode_add(received[j * size + at : j * size + at + width], total)
             sent = codec.encode(total, mine[at : at + width])
@@ -365,15 +375,21 @@ class CompressedMean:
         sizes = [b.numel() for b in buckets]
         padded = [self._padded(n) for n in sizes]
         expected = {
-            "reference": sizes, "residuals": padded, "sum_residuals": [n // self.world_size for n in padded]
+            "reference": sizes,
+            "residuals": padded,
+            "sum_residuals": [n // self.world_size for n in padded],
         }
         for key, numels in expected.items():
             tensors = state.get(key)
             if tensors is None:
                 continue
-            fits = isinstance(tensors, list) and len(tensors) == len(numels) and all(
-                isinstance(t, Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
-                for t, n in zip(tensors, numels)
+            fits = (
+                isinstance(tensors, list)
+                and len(tensors) == len(numels)
+                and all(
+                    isinstance(t, Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
+                    for t, n in zip(tensors, numels)
+                )
             )
             if not fits:
                 raise ValueError(

@@ -11,8 +11,19 @@ from lightning_cocod.data.sharding import ShardedBatchSampler, TensorLoader, che
 from lightning_cocod.data.synthetic import SyntheticDataModule
 
 __all__ = [
-    "CIFARDataModule", "DigitsDataModule", "InMemoryDataModule", "MarkovSource", "MarkovTextDataModule",
-    "MNIST1DDataModule", "ShardedBatchSampler",
-    "SyntheticDataModule", "TensorLoader", "check_batch_sizes", "eval_batches", "load_cifar", "normalize",
-    "random_crop", "random_flip",
+    "CIFARDataModule",
+    "DigitsDataModule",
+    "InMemoryDataModule",
+    "MNIST1DDataModule",
+    "MarkovSource",
+    "MarkovTextDataModule",
+    "ShardedBatchSampler",
+    "SyntheticDataModule",
+    "TensorLoader",
+    "check_batch_sizes",
+    "eval_batches",
+    "load_cifar",
+    "normalize",
+    "random_crop",
+    "random_flip",
 ]

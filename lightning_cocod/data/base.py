@@ -11,7 +11,11 @@ from torch import Tensor
 
 from lightning_cocod.data.augment import normalize, random_crop, random_flip
 from lightning_cocod.data.sharding import (
-    ShardedBatchSampler, TensorLoader, check_batch_sizes, eval_batches, to_device,
+    ShardedBatchSampler,
+    TensorLoader,
+    check_batch_sizes,
+    eval_batches,
+    to_device,
 )
 
 

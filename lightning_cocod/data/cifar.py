@@ -41,15 +41,24 @@ NUM_TRAIN = 50_000  # training images, in CIFAR-10 as in CIFAR-100
 # kuangliu/pytorch-cifar issues #19 and #135.
 SPECS = {
     "cifar10": _CifarSpec(
-        archive="cifar-10-python.tar.gz", md5="c58f30108f718f92721af3b95e74349a",
-        folder="cifar-10-batches-py", train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_file="test_batch", label_key=b"labels",
-        mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
+        archive="cifar-10-python.tar.gz",
+        md5="c58f30108f718f92721af3b95e74349a",
+        folder="cifar-10-batches-py",
+        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
+        test_file="test_batch",
+        label_key=b"labels",
+        mean=(0.4914, 0.4822, 0.4465),
+        std=(0.2470, 0.2435, 0.2616),
     ),
     "cifar100": _CifarSpec(
-        archive="cifar-100-python.tar.gz", md5="eb9058c3a382ffc7106e4002c42a8d85",
-        folder="cifar-100-python", train_files=("train",), test_file="test", label_key=b"fine_labels",
-        mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+        archive="cifar-100-python.tar.gz",
+        md5="eb9058c3a382ffc7106e4002c42a8d85",
+        folder="cifar-100-python",
+        train_files=("train",),
+        test_file="test",
+        label_key=b"fine_labels",
+        mean=(0.5071, 0.4865, 0.4409),
+        std=(0.2673, 0.2564, 0.2762),
     ),
 }
 

@@ -46,12 +46,22 @@ class MarkovSource:
         self, vocab_size: int = 27, order: int = 3, concentration: float = 8.0, seed: int = 0
     ) -> None:
         owner = "MarkovSource"
-        require(is_int(vocab_size) and 2 <= vocab_size <= len(ALPHABET), owner, "vocab_size", vocab_size,
-                f"an int from 2 to {len(ALPHABET)}")
+        require(
+            is_int(vocab_size) and 2 <= vocab_size <= len(ALPHABET),
+            owner,
+            "vocab_size",
+            vocab_size,
+            f"an int from 2 to {len(ALPHABET)}",
+        )
         require(is_int(order) and 1 <= order, owner, "order", order, "an int >= 1")
         # V^k rows of V float64s: past ~64 MB the tables, not the network, would be the problem.
-        require(vocab_size ** (order + 1) <= 8_000_000, owner, "order", order,
-                f"an order with vocab_size^(order+1) <= 8e6 ({vocab_size}^{order + 1} is more)")
+        require(
+            vocab_size ** (order + 1) <= 8_000_000,
+            owner,
+            "order",
+            order,
+            f"an order with vocab_size^(order+1) <= 8e6 ({vocab_size}^{order + 1} is more)",
+        )
         ok = isinstance(concentration, (int, float)) and not isinstance(concentration, bool)
         require(ok and concentration > 0, owner, "concentration", concentration, "a positive number")
         require(is_int(seed) and seed >= 0, owner, "seed", seed, "an integer >= 0")
@@ -160,10 +170,18 @@ class MarkovTextDataModule(InMemoryDataModule):
         source_seed: int = 1234,
     ) -> None:
         owner = "MarkovTextDataModule"
-        require(is_int(block_size) and block_size >= order, owner, "block_size", block_size,
-                f"an int >= order ({order})")
-        for name, value in (("num_train_blocks", num_train_blocks), ("num_val_blocks", num_val_blocks),
-                            ("num_test_blocks", num_test_blocks)):
+        require(
+            is_int(block_size) and block_size >= order,
+            owner,
+            "block_size",
+            block_size,
+            f"an int >= order ({order})",
+        )
+        for name, value in (
+            ("num_train_blocks", num_train_blocks),
+            ("num_val_blocks", num_val_blocks),
+            ("num_test_blocks", num_test_blocks),
+        ):
             require(is_int(value) and value >= 1, owner, name, value, "an int >= 1")
         super().__init__(batch_size, per_rank_batch_sizes, eval_batch_size, seed)
         self.source = MarkovSource(vocab_size, order, concentration, source_seed)

@@ -116,7 +116,7 @@ class MNIST1DDataModule(InMemoryDataModule):
         try:
             with np.load(path, allow_pickle=False) as cached:
                 x, y = cached["x"], cached["y"]
-        except Exception as err:  # a damaged or foreign file is regenerated, never trusted
+        except Exception as err:  # noqa: BLE001 (a damaged or foreign file is regenerated, never trusted)
             log.warning(f"MNIST-1D cache {path} is unreadable ({type(err).__name__}: {err}); regenerating it")
             return None
         if x.shape != (self.num_samples, 40) or y.shape != (self.num_samples,) or x.dtype != np.float32:
@@ -148,4 +148,3 @@ class MNIST1DDataModule(InMemoryDataModule):
         self.train_tensors = (signals[:n_train], labels[:n_train])
         self.eval_tensors = (signals[n_train:n_eval], labels[n_train:n_eval])
         self.test_tensors = (signals[n_eval:], labels[n_eval:])
-

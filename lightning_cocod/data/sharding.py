@@ -46,8 +46,13 @@ class ShardedBatchSampler(Sampler[Tensor]):
     """
 
     def __init__(
-        self, num_samples: int, batch_size: int | Sequence[int], rank: int = 0, world_size: int = 1,
-        seed: int = 0, device: torch.device | str | None = None,
+        self,
+        num_samples: int,
+        batch_size: int | Sequence[int],
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(
@@ -98,7 +103,10 @@ def to_device(tensor: Tensor, device: torch.device | None) -> Tensor:
 
 
 def eval_batches(
-    num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1,
+    num_samples: int,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
     device: torch.device | str | None = None,
 ) -> list[Tensor]:
     """This rank's evaluation batches; equal in number across ranks unless a block has fewer samples

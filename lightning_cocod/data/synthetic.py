@@ -30,20 +30,30 @@ class SyntheticDataModule(InMemoryDataModule):
         augment: bool = True,
     ) -> None:
         for name, value in (
-            ("num_samples", num_samples), ("num_eval_samples", num_eval_samples), ("num_classes", num_classes)
+            ("num_samples", num_samples),
+            ("num_eval_samples", num_eval_samples),
+            ("num_classes", num_classes),
         ):
             require(is_int(value) and value >= 1, "SyntheticDataModule", name, value, "an integer >= 1")
         is_list = isinstance(image_shape, Sequence) and not isinstance(image_shape, str)
         shape = list(image_shape) if is_list else []
         require(
-            bool(shape) and all(is_int(d) and d >= 1 for d in shape), "SyntheticDataModule", "image_shape",
-            image_shape, "positive integers, channels first, e.g. [3, 32, 32]",
+            bool(shape) and all(is_int(d) and d >= 1 for d in shape),
+            "SyntheticDataModule",
+            "image_shape",
+            image_shape,
+            "positive integers, channels first, e.g. [3, 32, 32]",
         )
         channels = image_shape[0]
         # Statistics of the uniform distribution on [0, 1]: mean 1/2, std 1/sqrt(12).
         super().__init__(
-            batch_size, per_rank_batch_sizes, eval_batch_size, seed, augment,
-            mean=[0.5] * channels, std=[12**-0.5] * channels,
+            batch_size,
+            per_rank_batch_sizes,
+            eval_batch_size,
+            seed,
+            augment,
+            mean=[0.5] * channels,
+            std=[12**-0.5] * channels,
         )
         self.num_samples, self.num_eval_samples = num_samples, num_eval_samples
         self.num_classes, self.image_shape = num_classes, tuple(image_shape)
@@ -58,4 +68,3 @@ class SyntheticDataModule(InMemoryDataModule):
         y = torch.randint(0, self.num_classes, (n,), generator=g)
         self.train_tensors = (x[: self.num_samples], y[: self.num_samples])
         self.eval_tensors = (x[self.num_samples :], y[self.num_samples :])
-

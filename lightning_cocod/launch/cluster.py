@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 from lightning_cocod.launch import netns
 from lightning_cocod.launch.netns import (
-    ShapedLink, _ip, burst_bytes, namespaces_or_unshaped, parse_latency, parse_rate, shape_device,
+    ShapedLink,
+    _ip,
+    burst_bytes,
+    namespaces_or_unshaped,
+    parse_latency,
+    parse_rate,
+    shape_device,
     shaped_namespace,
 )
 
@@ -61,7 +67,11 @@ class Cluster:
 
     def rank_env(self, rank: int) -> dict[str, str]:
         # Rank 0's store listens on its node's address; gloo must use the node's own veth.
-        return {"MASTER_ADDR": self.address(0), "GLOO_SOCKET_IFNAME": NODE_IFNAME, "TP_SOCKET_IFNAME": NODE_IFNAME}
+        return {
+            "MASTER_ADDR": self.address(0),
+            "GLOO_SOCKET_IFNAME": NODE_IFNAME,
+            "TP_SOCKET_IFNAME": NODE_IFNAME,
+        }
 
 
 Link = Cluster | ShapedLink  # what a run's ranks are started in: `wrap`, `rank_env`, `address`
@@ -111,7 +121,11 @@ def pernode_cluster(
 
 
 def network(
-    topology: str, nodes: int, rate: str | int | None, latency: str | float | None = None, name_prefix: str = "cocod"
+    topology: str,
+    nodes: int,
+    rate: str | int | None,
+    latency: str | float | None = None,
+    name_prefix: str = "cocod",
 ) -> contextlib.AbstractContextManager[Link]:
     """The links of a run: one shared loopback ("loopback") or a link per node ("pernode")."""
     if topology == "loopback":
@@ -178,7 +192,9 @@ def _probe(
         for client in clients:
             out, _ = client.communicate(timeout=timeout_s)
             if client.returncode != 0:
-                raise RuntimeError(f"link probe failed (exit code {client.returncode}); output: {out.strip()!r}")
+                raise RuntimeError(
+                    f"link probe failed (exit code {client.returncode}); output: {out.strip()!r}"
+                )
             times = [float(word) for word in out.split()]
             outputs.append(list(zip(times[::2], times[1::2])))
         return outputs
@@ -200,7 +216,9 @@ def round_trip_seconds(link: Link, src: int = 0, dst: int = 1, count: int = 200)
     return statistics.median(end - began for began, end in _probe(link, [(src, dst)], 1, count, 30)[0])
 
 
-def measured_round_trip(topology: str, rate: str | int | None, latency: str | float | None = None) -> float | None:
+def measured_round_trip(
+    topology: str, rate: str | int | None, latency: str | float | None = None
+) -> float | None:
     """The round trip between two ranks of a fresh network of this kind; None when it would run
     unshaped on the host (no root), which says nothing about the links asked for."""
     with network(topology, 2, rate, latency, name_prefix="cocod-probe") as link:

@@ -278,7 +278,9 @@ def _warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def shape_device(namespace: str, device: str, bps: int | None, burst: int | None, delay: float | None) -> None:
+def shape_device(
+    namespace: str, device: str, bps: int | None, burst: int | None, delay: float | None
+) -> None:
     """Rate-limit (tbf) and delay (netem, as the root, the tbf beneath it) what `device` sends.
 
     Raises LatencyUnsupported when a delay is asked for and the kernel has no netem.
@@ -289,7 +291,9 @@ def shape_device(namespace: str, device: str, bps: int | None, burst: int | None
         if bps is not None:
             _ip(*tc, "root", *tbf)
         return
-    proc = _ip(*tc, "root", "handle", "1:", "netem", "delay", format_latency(delay), "limit", "100000", check=False)
+    proc = _ip(
+        *tc, "root", "handle", "1:", "netem", "delay", format_latency(delay), "limit", "100000", check=False
+    )
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else f"exit code {proc.returncode}"
         raise LatencyUnsupported(

@@ -162,21 +162,39 @@ def _run_env(env: dict[str, str] | None, pythonpath: list[str]) -> dict[str, str
 
 
 def _start(
-    link: Link, cmd: list[str], rank: int, world_size: int, port: int, run_env: dict[str, str], log_dir: Path,
-    cwd: str | os.PathLike | None, setup: Callable[[], None],
+    link: Link,
+    cmd: list[str],
+    rank: int,
+    world_size: int,
+    port: int,
+    run_env: dict[str, str],
+    log_dir: Path,
+    cwd: str | os.PathLike | None,
+    setup: Callable[[], None],
 ) -> subprocess.Popen:
     """Rank `rank` at its place in the network, its output to its logs, in a session of its own."""
     env = {
-        **run_env, "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "NODE_RANK": "0", RESULT_ENV: str(log_dir / _RESULT.format(rank)),
+        **run_env,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world_size),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "NODE_RANK": "0",
+        RESULT_ENV: str(log_dir / _RESULT.format(rank)),
         **link.rank_env(rank),  # MASTER_ADDR and the interface gloo must use, per the topology
     }
     # The run's folder may be one others can write: a log never goes through a link planted in its place.
     stdout, stderr = (open_to_write(log_dir / f"rank{rank}.{stream}") for stream in ("stdout", "stderr"))
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         return subprocess.Popen(
-            link.wrap(cmd, rank), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
+            link.wrap(cmd, rank),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=setup,  # noqa: PLW1509 - see _child_setup_factory
         )
 
 
@@ -219,7 +237,10 @@ def oom_kill_counts() -> dict[str, int] | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            places = [(Path("/sys/fs/cgroup"), "memory.events"), (Path("/sys/fs/cgroup/unified"), "memory.events")]
+            places = [
+                (Path("/sys/fs/cgroup"), "memory.events"),
+                (Path("/sys/fs/cgroup/unified"), "memory.events"),
+            ]
         elif "memory" in controllers.split(","):
             places = [(Path("/sys/fs/cgroup/memory"), "memory.oom_control")]
         else:
@@ -357,7 +378,7 @@ def launch_workers(
                 for rank in range(world_size):
                     procs.append(_start(link, cmd, rank, world_size, port, run_env, log_dir, cwd, setup))
                 for rank, proc in enumerate(procs):
-                    waiter = lambda r=rank, p=proc: exits.put((r, p.wait()))  # noqa: E731
+                    waiter = lambda r=rank, p=proc: exits.put((r, p.wait()))
                     threading.Thread(target=waiter, daemon=True, name=f"cocod-wait-rank{rank}").start()
                     watched.append(rank)
                     pending.add(rank)
@@ -388,7 +409,9 @@ def launch_workers(
             what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"signal {stop.code - 128}"
             print(
                 f"launch_workers: {what} came as the workers were finishing; they finished, and their "
-                "results are kept", file=sys.stderr, flush=True,
+                "results are kept",
+                file=sys.stderr,
+                flush=True,
             )
         finally:
             with signals_deferred():
@@ -416,8 +439,15 @@ def _exits(
 
 
 def _wait(
-    procs: list[subprocess.Popen], exits: queue.Queue, pending: set[int], timeout_s: float, log_dir: Path,
-    grace_s: float, on_tick: Callable[[], None] | None, stop_grace_s: float, memory: _MemoryKills | None = None,
+    procs: list[subprocess.Popen],
+    exits: queue.Queue,
+    pending: set[int],
+    timeout_s: float,
+    log_dir: Path,
+    grace_s: float,
+    on_tick: Callable[[], None] | None,
+    stop_grace_s: float,
+    memory: _MemoryKills | None = None,
 ) -> None:
     """Until every rank in ``pending`` (updated in place) has exited; a rank that fails or stops on
     a preemption signal, or ``timeout_s`` passing, ends every worker and raises."""

@@ -2,9 +2,17 @@
 a small GPT and its LightningModule."""
 
 from lightning_cocod.models.classifier import ClassifierModule
-from lightning_cocod.models.nets import MNIST1DCNN, MODEL_NAMES, VGG16, ResNet18, SmallCNN, build_model
 from lightning_cocod.models.gpt import GPT, GPTModule
+from lightning_cocod.models.nets import MNIST1DCNN, MODEL_NAMES, VGG16, ResNet18, SmallCNN, build_model
 
 __all__ = [
-    "GPT", "MODEL_NAMES", "MNIST1DCNN", "VGG16", "ClassifierModule", "GPTModule", "ResNet18", "SmallCNN", "build_model",
+    "GPT",
+    "MNIST1DCNN",
+    "MODEL_NAMES",
+    "VGG16",
+    "ClassifierModule",
+    "GPTModule",
+    "ResNet18",
+    "SmallCNN",
+    "build_model",
 ]

@@ -197,8 +197,11 @@ class ClassifierModule(pl.LightningModule):
         optimizer = self.build_optimizer(groups, lr=lr)
         steps_per_epoch, total_steps = self._steps()
         factor = partial(
-            lr_factor, schedule=hp.schedule, warmup_steps=round(hp.warmup_epochs * steps_per_epoch),
-            total_steps=total_steps, milestone_steps=[round(m * steps_per_epoch) for m in self.milestones],
+            lr_factor,
+            schedule=hp.schedule,
+            warmup_steps=round(hp.warmup_epochs * steps_per_epoch),
+            total_steps=total_steps,
+            milestone_steps=[round(m * steps_per_epoch) for m in self.milestones],
             gamma=hp.gamma,
         )
         scheduler = {"scheduler": LambdaLR(optimizer, factor), "interval": "step", "name": "lr"}

@@ -53,12 +53,22 @@ class GPT(nn.Module):
     ``(B, T, vocab_size)`` logits out; position ``t`` sees ids ``0..t`` only."""
 
     def __init__(
-        self, vocab_size: int, block_size: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 96,
+        self,
+        vocab_size: int,
+        block_size: int = 64,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 96,
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer),
-                            ("n_head", n_head), ("n_embd", n_embd)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("block_size", block_size),
+            ("n_layer", n_layer),
+            ("n_head", n_head),
+            ("n_embd", n_embd),
+        ):
             _require(_is_int(value) and value >= 1, "GPT", name, value, "an int >= 1")
         _require(n_embd % n_head == 0, "GPT", "n_embd", n_embd, f"a multiple of n_head ({n_head})")
         ok = isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1
@@ -128,9 +138,18 @@ class GPTModule(ClassifierModule):
     ) -> None:
         net = GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         super().__init__(
-            net, num_classes=vocab_size, lr=lr, momentum=0.0, weight_decay=weight_decay,
-            no_decay_bn_bias=True, warmup_epochs=warmup_epochs, schedule="cosine", max_epochs=max_epochs,
-            scale_lr=scale_lr, base_batch_size=base_batch_size, global_batch_size=global_batch_size,
+            net,
+            num_classes=vocab_size,
+            lr=lr,
+            momentum=0.0,
+            weight_decay=weight_decay,
+            no_decay_bn_bias=True,
+            warmup_epochs=warmup_epochs,
+            schedule="cosine",
+            max_epochs=max_epochs,
+            scale_lr=scale_lr,
+            base_batch_size=base_batch_size,
+            global_batch_size=global_batch_size,
             optimizer=optimizer or partial(torch.optim.AdamW, betas=(0.9, 0.95)),
         )
         # Token-weighted mean loss, gathered over the ranks: what the perplexity is the exp of.

@@ -71,7 +71,24 @@ def _conv_bn_relu(cin: int, cout: int, bias: bool) -> list[nn.Module]:
 
 # "M" is a 2x2 max-pool; five of them take 32x32 down to 1x1, which is why the classifier is 512 wide.
 VGG16_CONFIG: list[int | str] = [
-    64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    "M",
 ]
 
 

@@ -31,8 +31,24 @@ __getattr__, __dir__ = lazy_attributes(
 
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE", "CheckpointError", "CoCoDMethod", "CoCoDRounds", "CoCoDStrategy", "LocalSGDMethod",
-    "LocalSGDRounds", "LocalSGDStrategy", "NonFiniteError", "PipeSGDMethod", "PipeSGDRounds", "PipeSGDStrategy",
-    "Preempted", "RendezvousError", "Rounds", "SSGDMethod", "SSGDStrategy", "StrategyCommon", "SyncStrategyBase",
+    "PREEMPTED_EXIT_CODE",
+    "CheckpointError",
+    "CoCoDMethod",
+    "CoCoDRounds",
+    "CoCoDStrategy",
+    "LocalSGDMethod",
+    "LocalSGDRounds",
+    "LocalSGDStrategy",
+    "NonFiniteError",
+    "PipeSGDMethod",
+    "PipeSGDRounds",
+    "PipeSGDStrategy",
+    "Preempted",
+    "RendezvousError",
+    "Rounds",
+    "SSGDMethod",
+    "SSGDStrategy",
+    "StrategyCommon",
+    "SyncStrategyBase",
     "WorkerLostError",
 ]

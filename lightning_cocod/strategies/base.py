@@ -28,7 +28,11 @@ log = logging.getLogger(__name__)
 # we never build; DDPStrategy passes any other keyword on to DistributedDataParallel, whose own are
 # read from it.
 _PASSED_ON = (
-    "accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin",
+    "accelerator",
+    "parallel_devices",
+    "cluster_environment",
+    "checkpoint_io",
+    "precision_plugin",
     "process_group_backend",
 )
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
@@ -107,8 +111,13 @@ class SyncStrategyBase(StrategyCommon):
     def _attach(self) -> None:
         requests = self._requests.comm if self._requests is not None else None
         self.rounds.attach(
-            self.lightning_module, self._comm, rank=self.global_rank, world_size=self.world_size,
-            device=self.root_device, control=requests, codec_comm=self._codec_comm,
+            self.lightning_module,
+            self._comm,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            device=self.root_device,
+            control=requests,
+            codec_comm=self._codec_comm,
         )
 
     def configure_ddp(self) -> None:
@@ -233,7 +242,9 @@ class SyncStrategyBase(StrategyCommon):
                 ranks = gather_to_rank_zero(local, self.world_size)
         if self.global_rank == 0:
             checkpoint[STATE_KEY] = {
-                "strategy": self.rounds.state(), "world_size": self.world_size, "ranks": ranks,
+                "strategy": self.rounds.state(),
+                "world_size": self.world_size,
+                "ranks": ranks,
             }
 
     def _take_restored(self, checkpoint: dict[str, Any]) -> None:

@@ -175,9 +175,13 @@ def _check_integrity(where: str, checkpoint: dict[str, Any]) -> bool:
         return False
     record = checkpoint.pop(INTEGRITY_KEY)
     digests = record.get("sha256") if isinstance(record, dict) else None
-    readable = isinstance(digests, dict) and all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values())
+    readable = isinstance(digests, dict) and all(
+        isinstance(d, str) and _SHA256.fullmatch(d) for d in digests.values()
+    )
     if not readable:
-        raise CheckpointError(f"checkpoint {where} is damaged: its integrity record ({INTEGRITY_KEY}) is unreadable")
+        raise CheckpointError(
+            f"checkpoint {where} is damaged: its integrity record ({INTEGRITY_KEY}) is unreadable"
+        )
     for key in [*digests, *(k for k in checkpoint if k not in digests)]:
         if key not in checkpoint:
             problem = f"its entry {key!r} is missing"
@@ -235,7 +239,9 @@ def read_checkpoint(
     try:  # before anything walks it: the digest, Lightning's loading, the caller's code
         _check_walkable(checkpoint)
     except ValueError as err:
-        raise CheckpointError(f"checkpoint {where} is no checkpoint of ours or Lightning's: {err}; refused") from None
+        raise CheckpointError(
+            f"checkpoint {where} is no checkpoint of ours or Lightning's: {err}; refused"
+        ) from None
     verified = _check_integrity(where, checkpoint) or (local and _check_legacy_digest(where))
     if not verified and warn_unverified:
         log.warning(
@@ -352,7 +358,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def atomic_save(checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+def atomic_save(
+    checkpoint_io: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+) -> None:
     """Write ``checkpoint`` with its integrity record to ``filepath`` through ``checkpoint_io``:
     whole, on disk, or not at all. The temporary name hides from Lightning's HPC look-up and
     carries host and pid, so that a killed writer's leftover is told from a live one's

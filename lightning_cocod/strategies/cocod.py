@@ -62,7 +62,9 @@ class CoCoDRounds(Rounds):
                 raise ValueError(f"{owner}: tau must be a positive integer or 'auto', got {tau!r}")
             self.tau = check_period(owner, tau)
             if tau_min is not None or tau_max is not None:
-                raise ValueError(f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset")
+                raise ValueError(
+                    f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset"
+                )
         super().__init__(owner, **common)
         self.round: CoCoDRound | None = None
         self._launch_step = 0
@@ -238,7 +240,9 @@ class CoCoDRounds(Rounds):
     def state(self) -> dict[str, Any]:
         state = {**super().state(), "tau": self.tau, "tau_history": self.tau_history}
         if self.adaptive is not None:
-            state["adaptive"] = {k: list(v) if isinstance(v, list) else v for k, v in vars(self.adaptive).items()}
+            state["adaptive"] = {
+                k: list(v) if isinstance(v, list) else v for k, v in vars(self.adaptive).items()
+            }
             self._figures_to_send()  # the newest readable figures
             state["measured"] = self._measured
         return state
@@ -334,7 +338,12 @@ class CoCoDMethod(SyncStrategyBase):
         **kwargs: Any,
     ) -> None:
         rounds = partial(
-            self.rounds_class, tau=tau, tau_min=tau_min, tau_max=tau_max, progress=progress,
-            compression=compression, error_feedback=error_feedback,
+            self.rounds_class,
+            tau=tau,
+            tau_min=tau_min,
+            tau_max=tau_max,
+            progress=progress,
+            compression=compression,
+            error_feedback=error_feedback,
         )
         super().__init__(rounds, **kwargs)

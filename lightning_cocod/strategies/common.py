@@ -48,7 +48,9 @@ class StrategyCommon(ReliableStrategy):
         """The DDPStrategy options every strategy of ours checks the same way."""
         name = type(self).__name__
         if start_method not in _START_METHODS:
-            raise ValueError(f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}")
+            raise ValueError(
+                f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}"
+            )
         self._init_reliability()
         self._environment_before: dict[str, str | None] = {}
         return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
@@ -79,8 +81,13 @@ class StrategyCommon(ReliableStrategy):
                 # Before Lightning's own set-up, which then finds the group initialised.
                 env = self.cluster_environment
                 init_default_group(
-                    env.main_address, env.main_port, self.global_rank, self.world_size,
-                    self._get_process_group_backend(), self._timeout, self.root_device,
+                    env.main_address,
+                    env.main_port,
+                    self.global_rank,
+                    self.world_size,
+                    self._get_process_group_backend(),
+                    self._timeout,
+                    self.root_device,
                 )
             super().setup_distributed()
             # Our own process groups (collectives: the same order on every rank).
@@ -102,11 +109,13 @@ class StrategyCommon(ReliableStrategy):
         launcher = self._launcher
         if launcher is None:  # torchrun, SLURM: the processes exist already
             return
-        variants = f"strategy='{self.strategy_name}'" + ("" if self._start_method == "popen" else " (start_method 'popen')")
+        variants = f"strategy='{self.strategy_name}'" + (
+            "" if self._start_method == "popen" else " (start_method 'popen')"
+        )
         if self._start_method == "spawn" and getattr(multiprocessing.current_process(), "_inheriting", False):
             raise RuntimeError(
                 f"{type(self).__name__}: start_method 'spawn' re-runs your script in every worker, and this script "
-                "builds the Trainer outside an `if __name__ == \"__main__\":` block; put it inside one, or use "
+                'builds the Trainer outside an `if __name__ == "__main__":` block; put it inside one, or use '
                 f"{variants}"
             )
         if (hasattr(sys, "ps1") or sys.flags.interactive) and not launcher.is_interactive_compatible:
@@ -151,7 +160,9 @@ class StrategyCommon(ReliableStrategy):
         super().on_train_batch_start(batch, batch_idx)
         self._act_on_requests(self.lightning_module.trainer)
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
         self._begin_step()
         output = super().optimizer_step(optimizer, self._exchanging_after(closure), model, **kwargs)
         self._steps += 1
@@ -191,7 +202,9 @@ class StrategyCommon(ReliableStrategy):
 
     # -- checkpoint files --------------------------------------------------------------------
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
         self._add_rank_state(checkpoint)  # on every rank: it gathers
         if self.global_rank == 0:
             atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)

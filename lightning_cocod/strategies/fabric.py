@@ -19,7 +19,12 @@ from torch.optim import Optimizer
 from lightning_cocod.loop import LOOPS, check_weight
 from lightning_cocod.methods import METHODS
 from lightning_cocod.strategies.base import broadcast_from_rank_zero
-from lightning_cocod.strategies.checkpointing import STATE_KEY, atomic_save, gather_to_rank_zero, read_checkpoint
+from lightning_cocod.strategies.checkpointing import (
+    STATE_KEY,
+    atomic_save,
+    gather_to_rank_zero,
+    read_checkpoint,
+)
 from lightning_cocod.strategies.namespaces import register
 from lightning_cocod.strategies.reliability import parse_timeout
 
@@ -29,7 +34,12 @@ _START_METHODS = ("popen", "spawn", "fork", "forkserver")  # Fabric's DDPStrateg
 
 # Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
 _PASSED_ON = (
-    "accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision", "process_group_backend",
+    "accelerator",
+    "parallel_devices",
+    "cluster_environment",
+    "checkpoint_io",
+    "precision",
+    "process_group_backend",
 )
 
 
@@ -63,7 +73,9 @@ class FabricRounds:
         # The options are checked now, as the Trainer strategies check theirs, not when the
         # processes have started (a bogus start method, backend or weight failed only there).
         if start_method not in _START_METHODS:
-            raise ValueError(f"{name}: start_method={start_method!r} is invalid; accepted: {', '.join(_START_METHODS)}")
+            raise ValueError(
+                f"{name}: start_method={start_method!r} is invalid; accepted: {', '.join(_START_METHODS)}"
+            )
         backend = passed.get("process_group_backend")
         backends = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
         if backend is not None and backend not in backends:
@@ -87,9 +99,13 @@ class FabricRounds:
         # fabric.setup(model, optimizer) comes here after setup_module, as fabric.setup_optimizers does.
         name = type(self).__name__
         if self.loop is not None:
-            raise ValueError(f"{name} supports exactly one optimizer: a round counts the steps of one optimizer")
+            raise ValueError(
+                f"{name} supports exactly one optimizer: a round counts the steps of one optimizer"
+            )
         if self._module is None:
-            raise ValueError(f"{name}: set up the model before its optimizer, e.g. fabric.setup(model, optimizer)")
+            raise ValueError(
+                f"{name}: set up the model before its optimizer, e.g. fabric.setup(model, optimizer)"
+            )
         loop = self.loop_class(self._module, optimizer, timeout=self._timeout, **self._loop_options)
         if self._loaded is not None:
             loop.load_state_dict(self._loaded)
@@ -104,7 +120,9 @@ class FabricRounds:
             # A synchronisation point, as the loop's state_dict() is: the weights saved are the
             # run's, but each rank's optimizer state (momentum stays local) and its part of the
             # rounds are its own, gathered into rank 0's file.
-            optimizers = {k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)}
+            optimizers = {
+                k: self.get_optimizer_state(o) for k, o in state.items() if isinstance(o, Optimizer)
+            }
             for key, keep in (filter or {}).items():  # fabric.save's filter applies to each rank's copy too
                 if key in optimizers:
                     optimizers[key] = {n: v for n, v in optimizers[key].items() if keep(n, v)}
@@ -117,12 +135,16 @@ class FabricRounds:
         if self.is_global_zero:
             atomic_save(self.checkpoint_io, state, path, storage_options)
 
-    def load_checkpoint(self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None) -> Any:
+    def load_checkpoint(
+        self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None
+    ) -> Any:
         """As Fabric loads, from the file read as data and checked whole (``read_checkpoint``, on
         every rank), and nothing loaded when the file is refused (another world size included)."""
         checkpoint = read_checkpoint(
-            path, lambda as_data: self.checkpoint_io.load_checkpoint(path, weights_only=as_data),
-            trust=weights_only is False, warn_unverified=self.global_rank == 0,
+            path,
+            lambda as_data: self.checkpoint_io.load_checkpoint(path, weights_only=as_data),
+            trust=weights_only is False,
+            warn_unverified=self.global_rank == 0,
         )
         if not isinstance(state, dict) or not state:  # the whole file, or a raw state dict: nothing of ours
             return self._load_read(path, checkpoint, state, strict)
@@ -190,7 +212,14 @@ def install(package: str, home: str) -> dict[str, type]:
     classes, by_method = {}, {}
     for name, loop in LOOPS.items():
         class_name = METHODS[name].strategy_class.replace("Strategy", "FabricStrategy")
-        attributes = {"__module__": home, "__qualname__": class_name, "__doc__": loop.__doc__, "loop_class": loop}
-        classes[class_name] = by_method[name] = type(class_name, (FabricRounds, strategies.DDPStrategy), attributes)
+        attributes = {
+            "__module__": home,
+            "__qualname__": class_name,
+            "__doc__": loop.__doc__,
+            "loop_class": loop,
+        }
+        classes[class_name] = by_method[name] = type(
+            class_name, (FabricRounds, strategies.DDPStrategy), attributes
+        )
     register(strategies.STRATEGY_REGISTRY, by_method, where=", in a Fabric loop")
     return classes

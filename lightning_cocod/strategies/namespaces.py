@@ -28,7 +28,9 @@ def register(registry: Any, strategies: dict[str, type], where: str = "") -> Non
         for suffix, start_method in VARIANTS:
             if name + suffix not in registry:
                 registry.register(
-                    name + suffix, strategy, start_method=start_method,
+                    name + suffix,
+                    strategy,
+                    start_method=start_method,
                     description=f"{METHODS[name].description}{where} (start_method '{start_method}')",
                 )
 
@@ -43,8 +45,11 @@ def install(package: str, home: str) -> dict[str, type]:
         module, _, logic_name = entry.mixin.partition(":")
         logic, name = getattr(importlib.import_module(module), logic_name), entry.strategy_class
         attributes = {
-            "__module__": home, "__qualname__": name, "__doc__": logic.__doc__,
-            "strategy_name": entry.name, "namespace": package,
+            "__module__": home,
+            "__qualname__": name,
+            "__doc__": logic.__doc__,
+            "strategy_name": entry.name,
+            "namespace": package,
         }
         classes[name] = by_method[entry.name] = type(name, (logic, strategies.DDPStrategy), attributes)
     register(strategies.StrategyRegistry, by_method)

@@ -50,7 +50,9 @@ class PipeSGDRounds(Rounds):
         self.follow_model()
         flags: list[Tensor] = []
         # Read before the launch: once in flight the buffer holds a partial sum of everyone's.
-        _, waited = self.pipeline.exchange(lambda buckets: flags.append(self.health_flags(has_nonfinite(buckets))))
+        _, waited = self.pipeline.exchange(
+            lambda buckets: flags.append(self.health_flags(has_nonfinite(buckets)))
+        )
         # Queued right behind the gradients, so waiting on it at the next step costs nothing more.
         launched_health = (self.comm.start_mean(flags, 1.0), flags[0])
         if waited is not None:

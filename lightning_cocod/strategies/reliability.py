@@ -46,7 +46,9 @@ _STOP, _CHECKPOINT = 0, 1  # slots of the request flags
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-def disagreement(values: list[dict[str, Any]], remedy: str = "every rank must be started with the same config") -> str | None:
+def disagreement(
+    values: list[dict[str, Any]], remedy: str = "every rank must be started with the same config"
+) -> str | None:
     """The first key on which a rank differs from rank 0 (``values``: every rank's, gathered), in
     words ending with ``remedy``, or None."""
     for key, mine in values[0].items():
@@ -75,7 +77,11 @@ class Preempted(SystemExit):
         self.reason, self.step, self.checkpoint = reason, step, checkpoint
 
     def __str__(self) -> str:
-        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint (the Trainer has no checkpoint callback)"
+        saved = (
+            f"checkpoint {self.checkpoint}"
+            if self.checkpoint
+            else "no checkpoint (the Trainer has no checkpoint callback)"
+        )
         return f"stopped at optimizer step {self.step} on {self.reason}; {saved}"
 
 
@@ -185,9 +191,13 @@ class ReliableStrategy(_MixedInto):
         # One file per fit: a later request rewrites it rather than make a new version each time.
         self._requested_path = path = self._requested_path or checkpoint_path(trainer)
         if path is not None:
-            trainer.save_checkpoint(path, weights_only=False)  # all a resume needs; said, so Lightning does not log it
+            trainer.save_checkpoint(
+                path, weights_only=False
+            )  # all a resume needs; said, so Lightning does not log it
         elif "checkpoint" in agreed and self.global_rank == 0:
-            log.warning("a checkpoint was requested, but the Trainer has no checkpoint callback to say where: none written")
+            log.warning(
+                "a checkpoint was requested, but the Trainer has no checkpoint callback to say where: none written"
+            )
         if "stop" in agreed and stopping_allowed:
             reason = self._stop_reason or "a stop requested on another rank"
             if self.global_rank == 0:
@@ -227,7 +237,9 @@ class ReliableStrategy(_MixedInto):
         )
 
     @contextlib.contextmanager
-    def _collective(self, what: str, failures: tuple[type[BaseException], ...] = (CommunicationError,)) -> Any:
+    def _collective(
+        self, what: str, failures: tuple[type[BaseException], ...] = (CommunicationError,)
+    ) -> Any:
         try:
             yield
         except WorkerLostError:
@@ -269,7 +281,10 @@ def checkpoint_path(trainer: Any) -> str | None:
     folder = getattr(callback, "dirpath", None)
     if folder is None:
         return None
-    name, ext = getattr(callback, "CHECKPOINT_NAME_LAST", "last"), getattr(callback, "FILE_EXTENSION", ".ckpt")
+    name, ext = (
+        getattr(callback, "CHECKPOINT_NAME_LAST", "last"),
+        getattr(callback, "FILE_EXTENSION", ".ckpt"),
+    )
     candidate, version = os.path.join(folder, f"{name}{ext}"), 0
     resumed_from = str(getattr(trainer, "ckpt_path", None) or "")
     while os.path.exists(candidate) and os.path.abspath(candidate) != os.path.abspath(resumed_from):

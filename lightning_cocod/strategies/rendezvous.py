@@ -70,7 +70,13 @@ def _destroy_default_group() -> None:
 
 
 def init_default_group(
-    address: str, port: int, rank: int, world_size: int, backend: str, timeout: timedelta, device: torch.device
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout: timedelta,
+    device: torch.device,
 ) -> bool:
     """Initialise the default process group within ``timeout``; False where torch's own env://
     set-up applies instead (torchrun's agent store, or a group that already exists)."""
@@ -117,7 +123,12 @@ def init_default_group(
             # times out there leaves a thread behind that aborts the process at exit): the
             # ranks count themselves in below, under the deadline: each adds itself, then waits for all.
             store = dist.TCPStore(
-                host, port, world_size, is_master=rank == 0, timeout=remaining, master_listen_fd=listen_fd,
+                host,
+                port,
+                world_size,
+                is_master=rank == 0,
+                timeout=remaining,
+                master_listen_fd=listen_fd,
                 wait_for_workers=False,
             )
             arrived = store.add(_ARRIVED, 1)
@@ -127,7 +138,9 @@ def init_default_group(
                 time.sleep(0.05)
                 arrived = store.add(_ARRIVED, 0)
             store.set_timeout(timeout)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
+            )
         except BaseException as err:  # noqa: BLE001 - reported on the calling thread
             failure.append(err)
 

@@ -99,7 +99,9 @@ class Rounds:
         self._names: list[str] = []  # what each of ``tensors`` is in the module, for following it
         self._scratch: FlatBuffer | None = None
         self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
-        self._unrecorded: list[tuple[Handle, int, int, int, float]] = []  # rounds whose figures are not read yet
+        self._unrecorded: list[
+            tuple[Handle, int, int, int, float]
+        ] = []  # rounds whose figures are not read yet
 
     def options(self) -> dict[str, Any]:
         """The options a user chose, as the constructor takes them (how the strategy prints)."""
@@ -113,15 +115,24 @@ class Rounds:
         return options
 
     def attach(
-        self, module: torch.nn.Module, comm: Communicator | None, *, rank: int, world_size: int,
-        device: torch.device, control: Communicator | None = None, codec_comm: Any = None,
+        self,
+        module: torch.nn.Module,
+        comm: Communicator | None,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        control: Communicator | None = None,
+        codec_comm: Any = None,
     ) -> None:
         """Take the module's tensors (identical on every rank by now) and the group to average on.
         ``codec_comm``: a group of its own for compressed rounds (a TorchDistCommunicator), needed
         with ``compression``: their exchange runs on a thread, and collectives that two threads
         issue on one group may pair up in a different order on each rank."""
         if comm is not None and self.codec is not None and codec_comm is None:
-            raise ValueError(f"{self.owner}: compressed rounds need a process group of their own (codec_comm)")
+            raise ValueError(
+                f"{self.owner}: compressed rounds need a process group of their own (codec_comm)"
+            )
         self.codec_comm = codec_comm
         self.module, self.comm, self.control = module, comm, control if control is not None else comm
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -200,7 +211,10 @@ class Rounds:
         live = self._live_tensors()
         self.refuse_untracked_optimizer_tensors(live)
         if len(live) == len(self.tensors) and all(
-            name == known and t.data_ptr() == k.data_ptr() and t.shape == k.shape and t.stride() == k.stride()
+            name == known
+            and t.data_ptr() == k.data_ptr()
+            and t.shape == k.shape
+            and t.stride() == k.stride()
             and t.dtype == k.dtype
             for (name, t), known, k in zip(live, self._names, self.tensors)
         ):
@@ -226,7 +240,9 @@ class Rounds:
         self.tensors = [now[name].detach() for name in self._names]  # the flat buffers' order
         self.retarget()
 
-    def refuse_untracked_optimizer_tensors(self, live: list[tuple[str, Tensor]], unused_too: bool = False) -> None:
+    def refuse_untracked_optimizer_tensors(
+        self, live: list[tuple[str, Tensor]], unused_too: bool = False
+    ) -> None:
         # A tensor the optimizer trains outside the module (a plain tensor attribute, another
         # module's parameter) would be trained by each worker alone. One with a gradient is in
         # use; a stale one (the old copy of a replaced layer) gets none and does no harm, unless
@@ -253,7 +269,9 @@ class Rounds:
             self._scratch = FlatBuffer(self.tensors)
         return self._scratch
 
-    def average_now(self, what: str = "average", swap: bool = False, comm: Communicator | None = None) -> Handle:
+    def average_now(
+        self, what: str = "average", swap: bool = False, comm: Communicator | None = None
+    ) -> Handle:
         """Blocking weighted average of the model tensors on every rank (see average_blocking),
         on ``comm`` (default: the exact one); a worker with non-finite values stops everyone
         before anything is sent."""
@@ -268,7 +286,9 @@ class Rounds:
                 self.scratch_buffer().pack(self.tensors)
 
         checked = check if self.on_nonfinite != "allow" else None  # saves a blocking collective
-        return average_blocking(self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, checked, swap)
+        return average_blocking(
+            self.tensors, self.scratch_buffer(), comm or self.comm, self.weight, checked, swap
+        )
 
     def flat_buffers(self) -> list[FlatBuffer]:
         """Every flat buffer held (the memory overhead, in model copies)."""
@@ -295,7 +315,12 @@ class Rounds:
             ring = ring_bytes(nbytes, self.world_size)
             self.comm_stats.add(
                 RoundRecord(
-                    launch_step, finish_step, handle.comm_seconds, exposed, nbytes, handle.launched_at,
+                    launch_step,
+                    finish_step,
+                    handle.comm_seconds,
+                    exposed,
+                    nbytes,
+                    handle.launched_at,
                     bytes_sent=getattr(handle, "bytes_sent", ring),
                     bytes_received=getattr(handle, "bytes_received", ring),
                     codec_seconds=getattr(handle, "codec_seconds", 0.0),
@@ -404,14 +429,18 @@ class Rounds:
 
     def load_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict):
-            raise ValueError(f"{self.owner}: a state is the dict state_dict() returned, not {type(state).__name__}")
+            raise ValueError(  # noqa: TRY004 (callers and tests expect ValueError for a bad state)
+                f"{self.owner}: a state is the dict state_dict() returned, not {type(state).__name__}"
+            )
         if state.get("class") != self.owner:
             raise ValueError(
                 f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
             )
         steps = state.get("steps")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"{self.owner}: the state's steps={steps!r} is invalid; accepted: an integer >= 0")
+            raise ValueError(
+                f"{self.owner}: the state's steps={steps!r} is invalid; accepted: an integer >= 0"
+            )
         self.steps = steps
 
     def rank_state(self) -> dict[str, Any]:
@@ -422,7 +451,9 @@ class Rounds:
         saved = state.get("compression")
         if self.compressed is not None and saved is not None:
             try:
-                self.compressed.load_state_dict(saved, self.scratch_buffer().buckets)  # the rounds' bucket sizes
+                self.compressed.load_state_dict(
+                    saved, self.scratch_buffer().buckets
+                )  # the rounds' bucket sizes
             except ValueError as err:
                 raise ValueError(f"{self.owner}: {err}") from None
 
@@ -430,7 +461,8 @@ class Rounds:
         """What a spawn/fork parent learns from rank 0 when fit ends. Plain data: Lightning's
         launcher walks (and would try to move) whatever it sends back."""
         return {
-            "comm_stats": self.comm_stats.to_json(), "peak_buffer_bytes": self.peak_buffer_bytes,
-            "skipped": self.skipped, "weight": self.weight,
+            "comm_stats": self.comm_stats.to_json(),
+            "peak_buffer_bytes": self.peak_buffer_bytes,
+            "skipped": self.skipped,
+            "weight": self.weight,
         }
-

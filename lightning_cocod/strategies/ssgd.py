@@ -31,7 +31,9 @@ def comm_hook_options(comm_hook: str | None, powersgd_rank: int) -> dict[str, An
         return {"ddp_comm_hook": getattr(default_hooks, f"{comm_hook}_compress_hook")}
     if comm_hook == "powersgd":
         if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
-            raise ValueError(f"SSGDStrategy: powersgd_rank={powersgd_rank!r} is invalid; accepted: a positive integer")
+            raise ValueError(
+                f"SSGDStrategy: powersgd_rank={powersgd_rank!r} is invalid; accepted: a positive integer"
+            )
         # Compressed from the second step on (torch's default waits 1,000 steps): the comparison
         # with compressed CoCoD rounds is then about compression for the whole run.
         state = powerSGD_hook.PowerSGDState(

@@ -72,43 +72,65 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=["resnet18", "vgg16", "small_cnn"])
     parser.add_argument(
-        "--workers", dest="worker_counts", metavar="WORKERS", default="2",
-        type=option_type(parse_worker_counts), help="worker count, or several, e.g. 2,4,8",
+        "--workers",
+        dest="worker_counts",
+        metavar="WORKERS",
+        default="2",
+        type=option_type(parse_worker_counts),
+        help="worker count, or several, e.g. 2,4,8",
     )
     parser.add_argument(
-        "--rates", default=None,
+        "--rates",
+        default=None,
         help="comma-separated link rates, e.g. 100mbit,1Gbps,10gbit, or none (default 300mbit on CPU, none on GPU)",
     )
     parser.add_argument(
-        "--accelerator", default="cpu", choices=["cpu", "gpu"],
+        "--accelerator",
+        default="cpu",
+        choices=["cpu", "gpu"],
         help="gpu: NCCL with a GPU per rank, or gloo on CUDA tensors when ranks share one (the header says which)",
     )
-    parser.add_argument("--one-device", action="store_true", help="with --accelerator gpu: every rank on cuda:0")
-    parser.add_argument("--precision", default=None, help="Lightning precision, e.g. bf16-mixed (default 32-true)")
+    parser.add_argument(
+        "--one-device", action="store_true", help="with --accelerator gpu: every rank on cuda:0"
+    )
+    parser.add_argument(
+        "--precision", default=None, help="Lightning precision, e.g. bf16-mixed (default 32-true)"
+    )
     parser.add_argument("--channels-last", action="store_true", help="channels_last memory format (GPU)")
     parser.add_argument(
-        "--topology", default="loopback", choices=TOPOLOGIES,
+        "--topology",
+        default="loopback",
+        choices=TOPOLOGIES,
         help="loopback: one shaped link shared by all workers; pernode: a shaped link per worker, on a bridge",
     )
     parser.add_argument(
-        "--latency", default=None, type=option_type(parse_latency),
+        "--latency",
+        default=None,
+        type=option_type(parse_latency),
         help="one-way delay added to every link, e.g. 50us (needs netem)",
     )
     parser.add_argument("--width", type=int, default=None, help="small_cnn width (default 48)")
     parser.add_argument("--tau", type=int, default=4)
     parser.add_argument(
-        "--tau-max", type=int, default=None,
+        "--tau-max",
+        type=int,
+        default=None,
         help=f"longest period of every cocod:auto method (default: the strategy's, {SAFE_TAU_MAX})",
     )
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=None, help="steps discarded first (default: tau)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument(
-        "--methods", default=",".join(METHODS),
+        "--methods",
+        default=",".join(METHODS),
         help="e.g. ssgd,cocod,cocod:auto,cocod:ps,cocod:int8,local_sgd:bf16,ssgd:powersgd (see the module's doc)",
     )
-    parser.add_argument("--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)")
-    parser.add_argument("--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)")
+    parser.add_argument(
+        "--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)"
+    )
+    parser.add_argument(
+        "--epoch-steps", type=int, default=None, help="steps per epoch (default: the whole run)"
+    )
     parser.add_argument(
         "--repeats", type=int, default=1, help="passes over all runs; medians of per-pass ratios are reported"
     )
@@ -160,7 +182,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for method in auto:
             method["tau_max"] = args.tau_max
     if args.steps < args.warmup + 2 * args.tau:
-        parser.error(f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}")
+        parser.error(
+            f"--steps {args.steps} is too few: need warm-up ({args.warmup}) plus two rounds of {args.tau}"
+        )
     return args
 
 
@@ -202,10 +226,16 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
     over ranks; peak memory is the largest."""
 
     def pace(result: dict[str, Any]) -> float:
-        return steady_over_rounds(result, warmup) if periodic else steady_step_seconds(result["step_ends"], warmup)
+        return (
+            steady_over_rounds(result, warmup)
+            if periodic
+            else steady_step_seconds(result["step_ends"], warmup)
+        )
 
     comm = [r["comm"] for r in results if r.get("comm")]
-    durations = [b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])]
+    durations = [
+        b - a for r in results for a, b in zip(r["step_ends"][warmup - 1 :], r["step_ends"][warmup:])
+    ]
     mean = statistics.fmean(durations) if durations else 0.0
     # The run's own timeline: step k is done when every rank has finished it. The workers share
     # the machine's monotonic clock (``perf_counter``), and all ranks run the same rounds.
@@ -214,7 +244,9 @@ def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dic
         "step_seconds": pace(joint),
         "step_seconds_per_rank": [pace(r) for r in results],
         "exposed_seconds_per_step": (
-            sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"]) if comm else None
+            sum(c["exposed_seconds"] for c in comm) / len(comm) / len(results[0]["step_ends"])
+            if comm
+            else None
         ),
         "hidden_fraction": sum(c["hidden_fraction"] for c in comm) / len(comm) if comm else None,
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
@@ -253,7 +285,9 @@ def plot(figures: dict[str, Any], rates: list[int], path: Path, title: str) -> b
     return True
 
 
-def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: int | None = None) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: int | None = None
+) -> dict[str, Any]:
     """One pass at one worker count: the bound before the first run and again after every
     ``--bound-every`` runs (the overhead run, every method at every rate) and after the last;
     every ratio is to the median of the pass's bounds. Measured once, the bound of this machine
@@ -285,8 +319,10 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
             result = run({**spec, **method}, rate, periodic)
             # What the run was, for the performance model (plan.validate) to predict it.
             result.update(
-                method=method["method"], tau=method["tau"] if periodic else None,
-                compression=method.get("compression"), comm_hook=method.get("comm_hook"),
+                method=method["method"],
+                tau=method["tau"] if periodic else None,
+                compression=method.get("compression"),
+                comm_hook=method.get("comm_hook"),
             )
             if method["tau"] == "auto":
                 result["tau_max"] = method.get("tau_max", SAFE_TAU_MAX)
@@ -309,7 +345,9 @@ def measure(args: argparse.Namespace, spec: dict[str, Any], out: Path, workers: 
         "step_seconds": bound_seconds,
         "step_seconds_runs": [b["step_seconds"] for b in bounds],
         "peak_rss_bytes": max(b["peak_rss_bytes"] for b in bounds),
-        "step_cv": statistics.median(b["step_cv"] for b in bounds) if all(b["step_cv"] for b in bounds) else None,
+        "step_cv": statistics.median(b["step_cv"] for b in bounds)
+        if all(b["step_cv"] for b in bounds)
+        else None,
     }
     return figures
 
@@ -342,7 +380,9 @@ def ratio(figure: dict[str, Any], key: str) -> str:
     value, spread = figure.get(key), figure.get(key + "_range")
     if value is None:
         return "n/a"
-    return f"{value:.2f}x" + (f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else "")
+    return f"{value:.2f}x" + (
+        f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread and spread[0] != spread[1] else ""
+    )
 
 
 def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
@@ -356,18 +396,35 @@ def results_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
                 f = by_rate[str(bps)]
                 extra = (f["peak_rss_bytes"] - bound["peak_rss_bytes"]) / bound["model_bytes"]
                 exposed, hidden = f["exposed_seconds_per_step"], f["hidden_fraction"]
-                rows.append([
-                    *([workers] if several else []), format_rate(bps), name,
-                    ", ".join(map(str, f["taus"])) if f.get("taus") else "", f"{f['step_seconds']:.3f}",
-                    ratio(f, "vs_bound"), ratio(f, "vs_ssgd"),
-                    f"{exposed:.3f}" if exposed is not None else "n/a",
-                    f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
-                    f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
-                    f"{f['buffer_copies']:.1f}", *round_cells(f, f, f.get("codec_share"), digits=2),
-                ])
+                rows.append(
+                    [
+                        *([workers] if several else []),
+                        format_rate(bps),
+                        name,
+                        ", ".join(map(str, f["taus"])) if f.get("taus") else "",
+                        f"{f['step_seconds']:.3f}",
+                        ratio(f, "vs_bound"),
+                        ratio(f, "vs_ssgd"),
+                        f"{exposed:.3f}" if exposed is not None else "n/a",
+                        f"{100 * hidden:.0f}%" if hidden is not None else "n/a",
+                        f"{f['peak_rss_bytes'] / 2**20:.0f} MiB ({extra:+.1f} models)",
+                        f"{f['buffer_copies']:.1f}",
+                        *round_cells(f, f, f.get("codec_share"), digits=2),
+                    ]
+                )
     headers = [
-        *(["workers"] if several else []), "link", "method", "tau", "step s", "vs bound", "vs S-SGD",
-        "exposed s/step", "hidden", "peak RSS/worker (vs bound)", "flat copies", "MB sent/round",
+        *(["workers"] if several else []),
+        "link",
+        "method",
+        "tau",
+        "step s",
+        "vs bound",
+        "vs S-SGD",
+        "exposed s/step",
+        "hidden",
+        "peak RSS/worker (vs bound)",
+        "flat copies",
+        "MB sent/round",
         "codec s/round (of compute)",
     ]
     return markdown_table(headers, rows)
@@ -377,10 +434,14 @@ def scaling_table(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     """Speedup over S-SGD (and the step against the bound) at each worker count."""
     by_workers = figures["workers"]
     rows = [
-        [format_rate(bps), name, *(
-            f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)"
-            for f in (by_workers[n]["methods"][name][str(bps)] for n in by_workers)
-        )]
+        [
+            format_rate(bps),
+            name,
+            *(
+                f"{ratio(f, 'vs_ssgd')} ({f['vs_bound']:.2f}x bound)"
+                for f in (by_workers[n]["methods"][name][str(bps)] for n in by_workers)
+            ),
+        ]
         for bps in args.rate_bps
         for name in next(iter(by_workers.values()))["methods"]
     ]
@@ -398,8 +459,14 @@ def plot_scaling(args: argparse.Namespace, figures: dict[str, Any], path: Path, 
             for colour, name in enumerate(names):
                 speedups = [figures["workers"][str(n)]["methods"][name][str(bps)]["vs_ssgd"] for n in counts]
                 if None not in speedups:
-                    ax.plot(counts, speedups, marker="o", color=f"C{colour}", ls=styles[index % len(styles)],
-                            label=f"{name} @ {format_rate(bps)}")
+                    ax.plot(
+                        counts,
+                        speedups,
+                        marker="o",
+                        color=f"C{colour}",
+                        ls=styles[index % len(styles)],
+                        label=f"{name} @ {format_rate(bps)}",
+                    )
         ax.axhline(1.0, color="k", lw=1, label=SSGD)
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(n) for n in counts])
@@ -408,10 +475,12 @@ def plot_scaling(args: argparse.Namespace, figures: dict[str, Any], path: Path, 
 def bound_lines(workers: str, f: dict[str, Any]) -> list[str]:
     """The bound of one worker count, and the strategy's overhead when it was measured."""
     bound = f["bound"]
-    lines = [(
-        f"{workers} workers: bound (compute only) {bound['step_seconds']:.3f} s/step, peak RSS "
-        f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.2f} MB"
-    )]
+    lines = [
+        (
+            f"{workers} workers: bound (compute only) {bound['step_seconds']:.3f} s/step, peak RSS "
+            f"{bound['peak_rss_bytes'] / 2**20:.0f} MiB; model {bound['model_bytes'] / 1e6:.2f} MB"
+        )
+    ]
     if "overhead" in f:
         o, spread = f["overhead"], f["overhead"].get("vs_bound_range")
         lines.append(
@@ -426,10 +495,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     spec = {
-        "model": args.model, "data": "synthetic", "batch_size": args.batch_size, "lr": 0.05, "seed": 0,
-        "steps": args.steps, "evaluate": False, "tau": args.tau, "slowdown": args.slowdown_factors,
-        "epoch_steps": args.epoch_steps, "model_kwargs": {"width": args.width} if args.width else {},
-        "accelerator": args.accelerator, "one_device": args.one_device, "channels_last": args.channels_last,
+        "model": args.model,
+        "data": "synthetic",
+        "batch_size": args.batch_size,
+        "lr": 0.05,
+        "seed": 0,
+        "steps": args.steps,
+        "evaluate": False,
+        "tau": args.tau,
+        "slowdown": args.slowdown_factors,
+        "epoch_steps": args.epoch_steps,
+        "model_kwargs": {"width": args.width} if args.width else {},
+        "accelerator": args.accelerator,
+        "one_device": args.one_device,
+        "channels_last": args.channels_last,
         "precision": args.precision,
     }
     links = (
@@ -462,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.repeats):
             if args.repeats > 1 or several:
                 print(f"{workers} workers, pass {index + 1}/{args.repeats}")
-            passes.append(measure(args, spec, base / f"pass{index + 1}" if args.repeats > 1 else base, workers))
+            passes.append(
+                measure(args, spec, base / f"pass{index + 1}" if args.repeats > 1 else base, workers)
+            )
         by_workers[str(workers)] = {**combine(passes), "passes": passes}
     figures = {
         "args": dict(vars(args)),

@@ -86,7 +86,9 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
         f"DDP hook {', '.join(COMM_HOOKS[:-1])} or powersgd[RANK] (ssgd)"
     )
     if name not in methods.METHODS:
-        raise ValueError(f"method {token!r} not understood; accepted: {', '.join(methods.METHODS)}, options {accepted}")
+        raise ValueError(
+            f"method {token!r} not understood; accepted: {', '.join(methods.METHODS)}, options {accepted}"
+        )
     spec: dict[str, Any] = {"method": name, "tau": default_tau, "proportional": False}
     for option in options:
         powersgd = _POWERSGD.fullmatch(option)
@@ -105,7 +107,9 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
             spec["comm_hook"] = "powersgd" if powersgd else option
             if powersgd and powersgd[1]:
                 if int(powersgd[1]) < 1:
-                    raise ValueError(f"method {token!r}: PowerSGD's rank must be at least 1, got {powersgd[1]}")
+                    raise ValueError(
+                        f"method {token!r}: PowerSGD's rank must be at least 1, got {powersgd[1]}"
+                    )
                 spec["powersgd_rank"] = int(powersgd[1])
         else:
             raise ValueError(f"option {option!r} of method {token!r} not understood; accepted: {accepted}")
@@ -161,8 +165,13 @@ def round_cells(run: dict[str, Any], figures: dict[str, Any], share: float | Non
 
 
 def run_method(
-    spec: dict[str, Any], workers: int, rate: str | None, out_dir: Path, suffix: str = "",
-    topology: str = "loopback", latency: float | None = None,
+    spec: dict[str, Any],
+    workers: int,
+    rate: str | None,
+    out_dir: Path,
+    suffix: str = "",
+    topology: str = "loopback",
+    latency: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``spec`` on ``workers`` ranks over links shaped to ``rate`` (one shared loopback, or
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
@@ -177,8 +186,16 @@ def run_method(
     relay = ProgressRelay(run_dir / "progress.txt", title, every_s=5.0, show=show)
     spec = {**spec, "progress_path": str(relay.path), "title": title}
     results = launch_workers(
-        "lightning_cocod.tools.worker", workers, rate, [json.dumps(spec)], timeout_s=1800,
-        output_dir=run_dir, name_prefix="cocod-cmp", on_tick=relay.tick, topology=topology, latency=latency,
+        "lightning_cocod.tools.worker",
+        workers,
+        rate,
+        [json.dumps(spec)],
+        timeout_s=1800,
+        output_dir=run_dir,
+        name_prefix="cocod-cmp",
+        on_tick=relay.tick,
+        topology=topology,
+        latency=latency,
     )
     (run_dir / "results.json").write_text(json.dumps(results))
     show(f"{title}: done in {time.monotonic() - relay.started:.0f} s")

@@ -42,7 +42,11 @@ DEFAULT_RATE = "100mbit"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="cocod-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--rate", dest="rate_bps", metavar="RATE", default=DEFAULT_RATE, type=option_type(read_rate),
+        "--rate",
+        dest="rate_bps",
+        metavar="RATE",
+        default=DEFAULT_RATE,
+        type=option_type(read_rate),
         help="link rate, e.g. 100mbit, 1Gbps, or 'none' (unshaped)",
     )
     parser.add_argument("--workers", type=int, default=2)
@@ -52,7 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--width", type=int, default=48, help="SmallCNN width (model size)")
     parser.add_argument(
-        "--methods", default=",".join(METHODS),
+        "--methods",
+        default=",".join(METHODS),
         help=f"comma-separated, of {','.join(METHODS)}, with options as cocod-bench's: e.g. cocod:int8,ssgd:powersgd",
     )
     parser.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
@@ -66,7 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.specs:
         parser.error(f"--methods (empty) not understood; accepted: {', '.join(METHODS)}")
     if any(spec["tau"] == "auto" or spec["proportional"] for spec in args.specs.values()):
-        parser.error("--methods: the demo runs fixed periods without proportional sampling; use cocod-bench for auto, ps")
+        parser.error(
+            "--methods: the demo runs fixed periods without proportional sampling; use cocod-bench for auto, ps"
+        )
     args.rate = format_rate(args.rate_bps) if args.rate_bps else None  # as the launchers read it
     return args
 
@@ -91,7 +98,9 @@ def round_columns(spec: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str
     steps = len(ranks[0]["step_ends"])
     round_seconds = ranks[0]["tau"] * ranks[0]["train_seconds"] / steps if steps else 0.0
     codec = figures["codec_seconds_per_round"]
-    return round_cells(spec, figures, codec / round_seconds if codec and round_seconds > 0 else None, digits=3)
+    return round_cells(
+        spec, figures, codec / round_seconds if codec and round_seconds > 0 else None, digits=3
+    )
 
 
 def results_table(specs: dict[str, dict[str, Any]], results: dict[str, list[dict[str, Any]]]) -> str:
@@ -99,14 +108,22 @@ def results_table(specs: dict[str, dict[str, Any]], results: dict[str, list[dict
     base = wall_seconds(results["ssgd"][0]) if "ssgd" in results else None
     rows = [
         [
-            method_label(specs[method]), f"{100 * ranks[0]['test_acc']:.1f}%", f"{wall_seconds(ranks[0]):.1f} s",
-            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a", hidden_share(ranks),
+            method_label(specs[method]),
+            f"{100 * ranks[0]['test_acc']:.1f}%",
+            f"{wall_seconds(ranks[0]):.1f} s",
+            f"{base / wall_seconds(ranks[0]):.2f}x" if base else "n/a",
+            hidden_share(ranks),
             *round_columns(specs[method], ranks),
         ]
         for method, ranks in results.items()
     ]
     headers = [
-        "method", "test accuracy", "wall time", "speedup vs S-SGD", "comm hidden", "MB sent/round",
+        "method",
+        "test accuracy",
+        "wall time",
+        "speedup vs S-SGD",
+        "comm hidden",
+        "MB sent/round",
         "codec s/round (of its steps)",
     ]
     return markdown_table(headers, rows)
@@ -131,8 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.epochs} epochs, batch {args.batch_size} per worker, tau={args.tau}; output in {out}\n")
 
     spec = {
-        "model": "small_cnn", "model_kwargs": {"width": args.width}, "data": "digits",
-        "batch_size": args.batch_size, "lr": args.lr, "seed": 0, "epochs": args.epochs, "evaluate": True,
+        "model": "small_cnn",
+        "model_kwargs": {"width": args.width},
+        "data": "digits",
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": 0,
+        "epochs": args.epochs,
+        "evaluate": True,
         "tau": args.tau,
     }
     results = {m: run_method({**spec, **args.specs[m]}, args.workers, args.rate, out) for m in args.specs}
@@ -145,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     with plot_file(png, "wall time (s)", "test accuracy (%)", title) as ax:
         for method, ranks in results.items():
             points = ranks[0]["timeline"]
-            ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points], marker="o", ms=3,
-                    label=method_label(args.specs[method]))
+            ax.plot(
+                [p["seconds"] for p in points],
+                [100 * p["accuracy"] for p in points],
+                marker="o",
+                ms=3,
+                label=method_label(args.specs[method]),
+            )
     print(f"\nplot: {png}\ntable: {out / 'table.md'}")
     return 0
 

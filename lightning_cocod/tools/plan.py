@@ -212,8 +212,14 @@ def plan_table(s: Setting, tau: int, tau_max: int, codecs: dict[str, float]) -> 
         setting = with_codec(s, codec, codecs[codec]) if codec else s
         seconds, used = predict(setting, method, period if period is not None else 1, tau_max)
         bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
-        name = (BOUND_LABEL if method == BOUND else label(method, period)) + (f" {codec}" if codec else "") + bounded
-        rows.append([name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"])
+        name = (
+            (BOUND_LABEL if method == BOUND else label(method, period))
+            + (f" {codec}" if codec else "")
+            + bounded
+        )
+        rows.append(
+            [name, f"{1e3 * seconds:.1f}", f"{seconds / s.step_seconds:.2f}x", f"{ssgd / seconds:.2f}x"]
+        )
     table = markdown_table(["method", "step ms", "vs compute", "speedup vs S-SGD"], rows)
     best, seconds, auto = _hiding_period(s, tau_max)
     advice = (
@@ -242,11 +248,13 @@ def _hiding_period(s: Setting, tau_max: int) -> tuple[int, float, str]:
     tau="auto" within ``tau_max`` does about it."""
     best = auto_period(s, tau_max=max(tau_max, RULE_TAU_MAX))
     if best <= tau_max:
-        auto = f"tau=\"auto\" with tau_max {tau_max} settles there"
+        auto = f'tau="auto" with tau_max {tau_max} settles there'
     else:
-        auto = f"tau=\"auto\" stays at or below {tau_max} unless strategy.tau_max is raised to {best}"
+        auto = f'tau="auto" stays at or below {tau_max} unless strategy.tau_max is raised to {best}'
     if best > SAFE_TAU_MAX:
-        auto += f"; the accuracy studies (docs/accuracy/) show what periods above {SAFE_TAU_MAX} cost in accuracy"
+        auto += (
+            f"; the accuracy studies (docs/accuracy/) show what periods above {SAFE_TAU_MAX} cost in accuracy"
+        )
     return best, step_seconds(s, "cocod", best), auto
 
 
@@ -255,7 +263,9 @@ def parse_codecs(text: str) -> list[str]:
     codecs = [c.strip() for c in text.split(",") if c.strip()]
     bad = [c for c in codecs if c not in COMPRESSIONS]
     if bad or not codecs:
-        raise ValueError(f"--compression {text!r} is not understood; accepted: {', '.join(COMPRESSIONS)}, comma-separated")
+        raise ValueError(
+            f"--compression {text!r} is not understood; accepted: {', '.join(COMPRESSIONS)}, comma-separated"
+        )
     return list(dict.fromkeys(codecs))
 
 
@@ -297,72 +307,114 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--validate", metavar="BENCH_JSON", help="predict every run of a cocod-bench output")
     parser.add_argument(
-        "--workers", dest="worker_counts", metavar="WORKERS", default="16",
-        type=option_type(parse_worker_counts), help="worker count(s), e.g. 64 or 16,32,64,128,256",
+        "--workers",
+        dest="worker_counts",
+        metavar="WORKERS",
+        default="16",
+        type=option_type(parse_worker_counts),
+        help="worker count(s), e.g. 64 or 16,32,64,128,256",
     )
     parser.add_argument(
-        "--bandwidth", dest="bandwidth_bps", metavar="RATE", default="10gbit", type=option_type(read_rate),
+        "--bandwidth",
+        dest="bandwidth_bps",
+        metavar="RATE",
+        default="10gbit",
+        type=option_type(read_rate),
         help="per-node rate each way, e.g. 10Gbps, 100mbit, 1.5gbit",
     )
     parser.add_argument(
-        "--latency", dest="latency_seconds", metavar="LATENCY", default="50us",
-        type=option_type(parse_latency), help="one-way latency of a message, e.g. 50us",
+        "--latency",
+        dest="latency_seconds",
+        metavar="LATENCY",
+        default="50us",
+        type=option_type(parse_latency),
+        help="one-way latency of a message, e.g. 50us",
     )
     parser.add_argument("--model", default="resnet18", choices=sorted(MODEL_BYTES), help="model preset")
     parser.add_argument("--model-bytes", type=int, default=None, help="bytes all-reduced (overrides --model)")
     parser.add_argument("--tau", type=int, default=4, help="period of Local-SGD and fixed-period CoCoD-SGD")
     parser.add_argument(
-        "--tau-max", type=int, default=None,
-        help=f"longest period of tau=\"auto\" (default: the strategy's, {SAFE_TAU_MAX}); with --validate, "
+        "--tau-max",
+        type=int,
+        default=None,
+        help=f'longest period of tau="auto" (default: the strategy\'s, {SAFE_TAU_MAX}); with --validate, '
         "for runs whose bench.json does not record theirs (cocod-bench before --tau-max ran with 64)",
     )
     parser.add_argument("--jitter", type=float, default=0.0, help="coefficient of variation of a step's time")
-    parser.add_argument("--overlap", type=float, default=None, help="share of a step S-SGD overlaps (default: preset)")
-    parser.add_argument("--round-ms", type=float, default=None, help="a CoCoD round's own work, ms (default: --device)")
     parser.add_argument(
-        "--device", default="gpu", choices=sorted(ROUND_BYTES_PER_SECOND), help="what the round's own work runs on"
+        "--overlap", type=float, default=None, help="share of a step S-SGD overlaps (default: preset)"
     )
     parser.add_argument(
-        "--efficiency", type=float, default=EFFICIENCY,
+        "--round-ms", type=float, default=None, help="a CoCoD round's own work, ms (default: --device)"
+    )
+    parser.add_argument(
+        "--device",
+        default="gpu",
+        choices=sorted(ROUND_BYTES_PER_SECOND),
+        help="what the round's own work runs on",
+    )
+    parser.add_argument(
+        "--efficiency",
+        type=float,
+        default=EFFICIENCY,
         help="payload share of the link rate (default: %(default).3f, TCP/IP over Ethernet)",
     )
     parser.add_argument(
-        "--topology", default="pernode", choices=TOPOLOGIES,
+        "--topology",
+        default="pernode",
+        choices=TOPOLOGIES,
         help="pernode: a link per node; loopback: every worker's traffic over one shared link",
     )
     parser.add_argument(
-        "--compression", default=None, type=option_type(parse_codecs),
+        "--compression",
+        default=None,
+        type=option_type(parse_codecs),
         help=f"rows for rounds compressed in these codecs, e.g. {','.join(COMPRESSIONS)}",
     )
     parser.add_argument(
-        "--codec-ns", default=None, type=option_type(parse_codec_costs),
+        "--codec-ns",
+        default=None,
+        type=option_type(parse_codec_costs),
         help="the codec's time a round, ns per element of the model (encode and decode): one figure for "
         "every codec, or one each, e.g. int8=40,bf16=20 (default 0: not modelled)",
     )
     args = parser.parse_args(argv)
     if args.tau_max is not None and args.tau_max < 1:
-        parser.error(f"--tau-max must be at least 1 (the longest period of tau=\"auto\"), got {args.tau_max}")
+        parser.error(f'--tau-max must be at least 1 (the longest period of tau="auto"), got {args.tau_max}')
     if args.validate:
         if args.compression or args.codec_ns:
-            parser.error("--compression and --codec-ns are read from the benchmark with --validate: leave them out")
+            parser.error(
+                "--compression and --codec-ns are read from the benchmark with --validate: leave them out"
+            )
         return args
     costs = args.codec_ns or {}
     if args.codec_ns is not None and not args.compression:
         parser.error("--codec-ns prices a codec's rounds: give --compression too, e.g. --compression int8")
     unknown = sorted(set(costs) - set(args.compression or []) - {None})
     if unknown:
-        parser.error(f"--codec-ns names {', '.join(unknown)}, not in --compression {','.join(args.compression)}")
+        parser.error(
+            f"--codec-ns names {', '.join(unknown)}, not in --compression {','.join(args.compression)}"
+        )
     # One figure for every codec, or one each (a codec not named costs nothing).
     args.codecs = {c: costs.get(c, costs.get(None, 0.0)) * 1e-9 for c in args.compression or []}
     checks = [
-        (args.step_ms is not None and args.step_ms > 0, "--step-ms (compute per step, ms) is required and > 0"),
+        (
+            args.step_ms is not None and args.step_ms > 0,
+            "--step-ms (compute per step, ms) is required and > 0",
+        ),
         (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate (e.g. 10gbit), not none"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
         (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
-        (args.overlap is None or 0 <= args.overlap <= 1, f"--overlap is a share of a step in [0, 1], got {args.overlap}"),
+        (
+            args.overlap is None or 0 <= args.overlap <= 1,
+            f"--overlap is a share of a step in [0, 1], got {args.overlap}",
+        ),
         (args.round_ms is None or args.round_ms >= 0, f"--round-ms must be >= 0, got {args.round_ms}"),
         (0 < args.efficiency <= 1, f"--efficiency is a share in (0, 1], got {args.efficiency}"),
-        (args.model_bytes is None or args.model_bytes > 0, f"--model-bytes must be positive, got {args.model_bytes}"),
+        (
+            args.model_bytes is None or args.model_bytes > 0,
+            f"--model-bytes must be positive, got {args.model_bytes}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -377,32 +429,45 @@ def main(argv: list[str] | None = None) -> int:
             figures = json.loads(Path(args.validate).read_text())
             rows = validate(figures, args.tau_max)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"cocod-plan: cannot validate against {args.validate}: {type(err).__name__}: {err}") from None
+            raise SystemExit(
+                f"cocod-plan: cannot validate against {args.validate}: {type(err).__name__}: {err}"
+            ) from None
         print(validation_table(rows))
         return 0
     model_bytes = args.model_bytes or MODEL_BYTES[args.model]
     tau_max = SAFE_TAU_MAX if args.tau_max is None else args.tau_max
     overlap = args.overlap if args.overlap is not None else (0.0 if args.model_bytes else OVERLAP[args.model])
     round_seconds = (
-        args.round_ms / 1e3 if args.round_ms is not None else model_bytes / ROUND_BYTES_PER_SECOND[args.device]
+        args.round_ms / 1e3
+        if args.round_ms is not None
+        else model_bytes / ROUND_BYTES_PER_SECOND[args.device]
     )
     print(
         f"cocod-plan: {args.model_bytes and 'a model' or args.model} of {model_bytes / 1e6:.1f} MB, "
         f"{args.step_ms:g} ms of compute per step, {format_rate(args.bandwidth_bps)} per node "
         f"({args.topology}), {format_latency(args.latency_seconds)} latency, jitter {args.jitter:g}, "
         f"S-SGD overlap {overlap:g} of a step, round's own work {1e3 * round_seconds:.2f} ms, "
-        f"link efficiency {args.efficiency:.3f}, tau=\"auto\" within tau_max {tau_max}"
+        f'link efficiency {args.efficiency:.3f}, tau="auto" within tau_max {tau_max}'
     )
     if args.codecs:
-        print("compressed rounds: " + ", ".join(
-            f"{codec} ({BYTES_PER_ELEMENT[codec]:g} bytes an element, codec {1e9 * cost:g} ns an element a round)"
-            for codec, cost in args.codecs.items()
-        ))
+        print(
+            "compressed rounds: "
+            + ", ".join(
+                f"{codec} ({BYTES_PER_ELEMENT[codec]:g} bytes an element, codec {1e9 * cost:g} ns an element a round)"
+                for codec, cost in args.codecs.items()
+            )
+        )
     for workers in args.worker_counts:
         s = Setting(
-            step_seconds=args.step_ms / 1e3, model_bytes=model_bytes, workers=workers,
-            bandwidth_bps=args.bandwidth_bps, latency_seconds=args.latency_seconds or 0.0,
-            round_seconds=round_seconds, overlap=overlap, jitter=args.jitter, efficiency=args.efficiency,
+            step_seconds=args.step_ms / 1e3,
+            model_bytes=model_bytes,
+            workers=workers,
+            bandwidth_bps=args.bandwidth_bps,
+            latency_seconds=args.latency_seconds or 0.0,
+            round_seconds=round_seconds,
+            overlap=overlap,
+            jitter=args.jitter,
+            efficiency=args.efficiency,
             topology=args.topology,
         )
         table, advice = plan_table(s, args.tau, tau_max, args.codecs)
@@ -420,14 +485,20 @@ def calibrate(figures: dict[str, Any]) -> tuple[float, float, str]:
         for name, by_rate in figures["workers"][fewest]["methods"].items():
             measured = by_rate[str(bps)].get("comm_seconds_per_round")
             # fp32 rounds only: a compressed one's time holds its codec's and fewer bytes.
-            if by_rate[str(bps)].get("method") != "local_sgd" or by_rate[str(bps)].get("compression") or not measured:
+            if (
+                by_rate[str(bps)].get("method") != "local_sgd"
+                or by_rate[str(bps)].get("compression")
+                or not measured
+            ):
                 continue
             s = _setting(figures, int(fewest), bps, latency, efficiency=1.0)
             fixed = allreduce_seconds(s, 0)  # the latency part, which the efficiency does not scale
             if measured <= fixed:
                 break
-            return latency, (allreduce_seconds(s) - fixed) / (measured - fixed), (
-                f"one {name} all-reduce at {fewest} workers, {format_rate(bps)}: {1e3 * measured:.0f} ms"
+            return (
+                latency,
+                (allreduce_seconds(s) - fixed) / (measured - fixed),
+                (f"one {name} all-reduce at {fewest} workers, {format_rate(bps)}: {1e3 * measured:.0f} ms"),
             )
     return latency, EFFICIENCY, "nominal: no Local-SGD all-reduce was measured"
 
@@ -437,10 +508,16 @@ def _setting(figures: dict[str, Any], workers: int, bps: int, latency: float, ef
     bound = figures["workers"][str(workers)]["bound"]
     model_bytes = bound["model_bytes"]
     return Setting(
-        step_seconds=bound["step_seconds"], model_bytes=model_bytes, workers=workers, bandwidth_bps=bps,
-        latency_seconds=latency, round_seconds=model_bytes / ROUND_BYTES_PER_SECOND["cpu"],
-        overlap=OVERLAP.get(args["model"], 0.0), efficiency=efficiency,
-        burst_bytes=burst_of(args["topology"], bps), topology=args["topology"],
+        step_seconds=bound["step_seconds"],
+        model_bytes=model_bytes,
+        workers=workers,
+        bandwidth_bps=bps,
+        latency_seconds=latency,
+        round_seconds=model_bytes / ROUND_BYTES_PER_SECOND["cpu"],
+        overlap=OVERLAP.get(args["model"], 0.0),
+        efficiency=efficiency,
+        burst_bytes=burst_of(args["topology"], bps),
+        topology=args["topology"],
     )
 
 
@@ -475,8 +552,13 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
             for name, by_rate in by_workers["methods"].items():
                 f = by_rate[str(bps)]
                 row = {
-                    "workers": int(workers), "rate_bps": bps, "method": name, "measured": f["step_seconds"],
-                    "measured_periods": f.get("taus"), "latency_seconds": latency, "efficiency": efficiency,
+                    "workers": int(workers),
+                    "rate_bps": bps,
+                    "method": name,
+                    "measured": f["step_seconds"],
+                    "measured_periods": f.get("taus"),
+                    "latency_seconds": latency,
+                    "efficiency": efficiency,
                     "calibrated_on": how,
                 }
                 codec = f.get("compression") or f.get("comm_hook")
@@ -492,14 +574,25 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
                     predict(replace(run, step_seconds=t), f["method"], tau, **bounded)[0]
                     for t in (min(spread), max(spread))
                 )
-                rows.append({
-                    **row, "predicted": predicted, "predicted_range": [low, high],
-                    "error": predicted / f["step_seconds"] - 1, "period": period,
-                    # The model's round, launch to completion (codec included), against the run's (median).
-                    "allreduce": [f.get("comm_seconds_per_round"), allreduce_seconds(run) + run.codec_seconds],
-                    # What one rank sends a round: 2 (N-1) / N of the model in its codec, run against model.
-                    "bytes_sent": [f.get("bytes_sent_per_round"), 2 * (run.workers - 1) / run.workers * run.wire_bytes],
-                })
+                rows.append(
+                    {
+                        **row,
+                        "predicted": predicted,
+                        "predicted_range": [low, high],
+                        "error": predicted / f["step_seconds"] - 1,
+                        "period": period,
+                        # The model's round, launch to completion (codec included), against the run's (median).
+                        "allreduce": [
+                            f.get("comm_seconds_per_round"),
+                            allreduce_seconds(run) + run.codec_seconds,
+                        ],
+                        # What one rank sends a round: 2 (N-1) / N of the model in its codec, run against model.
+                        "bytes_sent": [
+                            f.get("bytes_sent_per_round"),
+                            2 * (run.workers - 1) / run.workers * run.wire_bytes,
+                        ],
+                    }
+                )
     return rows
 
 
@@ -511,11 +604,17 @@ def validation_table(rows: list[dict[str, Any]]) -> str:
     def cells(r: dict[str, Any]) -> list[str]:
         head = [str(r["workers"]), format_rate(r["rate_bps"]), r["method"], f"{r['measured']:.3f}"]
         if r["predicted"] is None:
-            return [*head, f"not modelled ({r['not_modelled']}: its bytes follow the layers' shapes)", *[""] * 5]
+            return [
+                *head,
+                f"not modelled ({r['not_modelled']}: its bytes follow the layers' shapes)",
+                *[""] * 5,
+            ]
         low, high = r["predicted_range"]
         sent = r.get("bytes_sent") or [None, None]
         return [
-            *head, f"{r['predicted']:.3f}", f"{100 * r['error']:+.0f}%",
+            *head,
+            f"{r['predicted']:.3f}",
+            f"{100 * r['error']:+.0f}%",
             f"{low:.3f}-{high:.3f}" + (" (holds it)" if low <= r["measured"] <= high else ""),
             f"{r['period']} / {', '.join(map(str, r['measured_periods'] or []))}" if r["period"] else "",
             "{:.3f} / {:.3f}".format(*r["allreduce"]) if r["allreduce"][0] else "",
@@ -524,8 +623,16 @@ def validation_table(rows: list[dict[str, Any]]) -> str:
 
     table = markdown_table(
         [
-            "workers", "link", "method", "measured s", "predicted s", "error", "predicted, bound's min-max",
-            "tau (model / run)", "round s (run / model)", "MB sent/round (run / model)",
+            "workers",
+            "link",
+            "method",
+            "measured s",
+            "predicted s",
+            "error",
+            "predicted, bound's min-max",
+            "tau (model / run)",
+            "round s (run / model)",
+            "MB sent/round (run / model)",
         ],
         [cells(r) for r in rows],
     )

@@ -49,7 +49,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def bare_loop_seconds(
-    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
+    model: str,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str = "32-true",
     channels_last: bool = False,
 ) -> float:
     """Seconds per step of the plainest loop over the same network and batch."""
@@ -118,16 +123,30 @@ class WindowSync(pl.Callback):
 
 
 def product_seconds(
-    model: str, batch_size: int, steps: int, warmup: int, device: torch.device, precision: str = "32-true",
-    channels_last: bool = False, sync_report: bool = False,
+    model: str,
+    batch_size: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str = "32-true",
+    channels_last: bool = False,
+    sync_report: bool = False,
 ) -> tuple[float, dict[str, Any]]:
     """Seconds per step of the package's own pipeline, as the benchmark's bound runs it (one
     process, no process group), and the sync report (empty unless asked)."""
     window = WindowSync(warmup, steps, device, sync_report)
     spec = {
-        "method": BOUND, "model": model, "data": "synthetic", "batch_size": batch_size, "lr": 0.05, "seed": 0,
-        "steps": warmup + steps, "accelerator": "gpu" if device.type == "cuda" else "cpu",
-        "precision": precision, "channels_last": channels_last, "threads": torch.get_num_threads(),
+        "method": BOUND,
+        "model": model,
+        "data": "synthetic",
+        "batch_size": batch_size,
+        "lr": 0.05,
+        "seed": 0,
+        "steps": warmup + steps,
+        "accelerator": "gpu" if device.type == "cuda" else "cpu",
+        "precision": precision,
+        "channels_last": channels_last,
+        "threads": torch.get_num_threads(),
     }
     result = worker.run(spec, callbacks=[window, ProgressLine("product (Trainer)", every_s=10.0)])
     return steady_step_seconds(result["step_ends"], warmup), window.report()

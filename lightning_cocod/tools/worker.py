@@ -42,8 +42,13 @@ _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "
 
 
 def make_strategy(
-    method: str, tau: int | str, backend: str | None = None, tau_max: int | None = None,
-    compression: str | None = None, comm_hook: str | None = None, powersgd_rank: int | None = None,
+    method: str,
+    tau: int | str,
+    backend: str | None = None,
+    tau_max: int | None = None,
+    compression: str | None = None,
+    comm_hook: str | None = None,
+    powersgd_rank: int | None = None,
 ) -> Any:
     """The table entry's strategy class; "bound" is a single-process Trainer's own ("auto").
     ``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
@@ -57,13 +62,19 @@ def make_strategy(
     if tau_max is not None and not entry.adaptive:
         raise ValueError(f"tau_max={tau_max!r} bounds tau='auto' only; {method!r} takes none")
     if compression is not None and not entry.periodic:
-        raise ValueError(f"compression={compression!r} compresses rounds of {', '.join(methods.PERIODIC)} only; "
-                         f"{method!r} has none (S-SGD: comm_hook)")
+        raise ValueError(
+            f"compression={compression!r} compresses rounds of {', '.join(methods.PERIODIC)} only; "
+            f"{method!r} has none (S-SGD: comm_hook)"
+        )
     if (comm_hook is not None or powersgd_rank is not None) and method != "ssgd":
         raise ValueError(f"comm_hook={comm_hook!r} is a DDP hook of ssgd only; {method!r} takes none")
     options = {
-        "process_group_backend": backend, "tau": tau if entry.periodic else None, "tau_max": tau_max,
-        "compression": compression, "comm_hook": comm_hook, "powersgd_rank": powersgd_rank,
+        "process_group_backend": backend,
+        "tau": tau if entry.periodic else None,
+        "tau_max": tau_max,
+        "compression": compression,
+        "comm_hook": comm_hook,
+        "powersgd_rank": powersgd_rank,
     }
     strategy_class = getattr(lightning_cocod, entry.strategy_class)
     return strategy_class(**{key: value for key, value in options.items() if value is not None})
@@ -153,7 +164,11 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     in_channels = 1 if spec["data"] == "digits" else 3
     net = build_model(spec["model"], 10, in_channels=in_channels, **spec.get("model_kwargs", {}))
     model = ClassifierModule(
-        net, lr=spec["lr"], momentum=0.9, weight_decay=spec.get("weight_decay", 5e-4), schedule="none",
+        net,
+        lr=spec["lr"],
+        momentum=0.9,
+        weight_decay=spec.get("weight_decay", 5e-4),
+        schedule="none",
         channels_last=bool(spec.get("channels_last", False)),
     )
     timer = StepTimer()
@@ -174,8 +189,13 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
     trainer = build_trainer(
         **where["trainer"],
         strategy=make_strategy(
-            method, spec.get("tau", 4), backend, spec.get("tau_max"),
-            spec.get("compression"), spec.get("comm_hook"), spec.get("powersgd_rank"),
+            method,
+            spec.get("tau", 4),
+            backend,
+            spec.get("tau_max"),
+            spec.get("compression"),
+            spec.get("comm_hook"),
+            spec.get("powersgd_rank"),
         ),
         precision=spec.get("precision") or "32-true",
         max_steps=spec.get("steps") or -1,
@@ -198,8 +218,15 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
         "test_acc": test_acc,
         "comm": stats.summary() if stats is not None else None,
         "rounds": [
-            [r.launch_step, r.finish_step, r.comm_seconds, r.exposed_seconds, r.bytes_sent, r.bytes_received,
-             r.codec_seconds]
+            [
+                r.launch_step,
+                r.finish_step,
+                r.comm_seconds,
+                r.exposed_seconds,
+                r.bytes_sent,
+                r.bytes_received,
+                r.codec_seconds,
+            ]
             for r in (stats.rounds if stats is not None else [])
         ],
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

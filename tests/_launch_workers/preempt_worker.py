@@ -44,7 +44,11 @@ class Script(pl.Callback):
             trainer.strategy.request_checkpoint()
 
     def on_validation_batch_start(self, trainer, *args):
-        if self.event == "die_in_validation" and trainer.global_rank == self.rank and trainer.global_step >= self.step:
+        if (
+            self.event == "die_in_validation"
+            and trainer.global_rank == self.rank
+            and trainer.global_step >= self.step
+        ):
             os._exit(3)
 
 
@@ -69,20 +73,37 @@ def main():
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=8), lr=0.05, schedule="none")
     evaluate = event == "die_in_validation"
     trainer = pl.Trainer(
-        strategy=STRATEGIES[name](), accelerator="cpu", devices=2, max_steps=max_steps, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=1.0 if evaluate else 0, val_check_interval=4 if evaluate else None,
+        strategy=STRATEGIES[name](),
+        accelerator="cpu",
+        devices=2,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1.0 if evaluate else 0,
+        val_check_interval=4 if evaluate else None,
         callbacks=[
-            Script(out_dir, event, event_rank, event_step), Saves(out_dir),
+            Script(out_dir, event, event_rank, event_step),
+            Saves(out_dir),
             ModelCheckpoint(dirpath=out_dir / "ckpt", save_top_k=0, every_n_epochs=1000),
         ],
     )
     record = {"rank": int(os.environ["RANK"])}
     try:
-        trainer.fit(model, datamodule=DigitsDataModule(batch_size=16),
-                    ckpt_path=str(out_dir / "ckpt" / "last.ckpt") if resume else None)
+        trainer.fit(
+            model,
+            datamodule=DigitsDataModule(batch_size=16),
+            ckpt_path=str(out_dir / "ckpt" / "last.ckpt") if resume else None,
+        )
     except lightning_cocod.Preempted as stop:
-        record.update(ended="preempted", step=stop.step, checkpoint=stop.checkpoint, reason=stop.reason, time=time.time())
+        record.update(
+            ended="preempted",
+            step=stop.step,
+            checkpoint=stop.checkpoint,
+            reason=stop.reason,
+            time=time.time(),
+        )
         (out_dir / f"rank{record['rank']}.json").write_text(json.dumps(record))
         raise
     record.update(ended="finished", step=trainer.global_step, time=time.time())

@@ -32,9 +32,16 @@ def main():
     pl.seed_everything(0)
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=8), lr=0.05, schedule="none")
     trainer = pl.Trainer(
-        strategy=CoCoDStrategy(tau=2, timeout=timedelta(seconds=timeout)), accelerator="cpu", devices=2,
-        max_steps=40, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[Stall(out_dir, stall_at)],
+        strategy=CoCoDStrategy(tau=2, timeout=timedelta(seconds=timeout)),
+        accelerator="cpu",
+        devices=2,
+        max_steps=40,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Stall(out_dir, stall_at)],
     )
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=32))
 

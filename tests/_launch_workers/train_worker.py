@@ -41,12 +41,22 @@ def main():
     pl.seed_everything(0)
     model = ClassifierModule(SmallCNN(in_channels=1, num_classes=10, width=8), lr=0.05, schedule="none")
     trainer = pl.Trainer(
-        strategy=CoCoDStrategy(tau=2, timeout=timedelta(seconds=30)), accelerator="cpu", devices=2,
-        max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[Script(out_dir, die_at)],
+        strategy=CoCoDStrategy(tau=2, timeout=timedelta(seconds=30)),
+        accelerator="cpu",
+        devices=2,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Script(out_dir, die_at)],
     )
-    trainer.fit(model, datamodule=DigitsDataModule(batch_size=32),
-                ckpt_path=str(out_dir / "step4.ckpt") if resume else None)
+    trainer.fit(
+        model,
+        datamodule=DigitsDataModule(batch_size=32),
+        ckpt_path=str(out_dir / "step4.ckpt") if resume else None,
+    )
     torch.save(model.state_dict(), out_dir / f"rank{trainer.global_rank}.pt")
 
 

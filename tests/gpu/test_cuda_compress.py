@@ -19,7 +19,9 @@ def test_device_rounds_match_the_cpu_rounds(comm, codec):  # noqa: F811 - the fi
     torch.manual_seed(0)
     n = 3 * 2048 * 70 + 5  # several slices, and padding
     weights = torch.randn(n)
-    on_cpu = CompressedMean(TorchDistCommunicator(dist.new_group(backend="gloo"), torch.device("cpu")), make_codec(codec))
+    on_cpu = CompressedMean(
+        TorchDistCommunicator(dist.new_group(backend="gloo"), torch.device("cpu")), make_codec(codec)
+    )
     on_device = CompressedMean(comm, make_codec(codec))
     sleep = cycles_for(0.05)
     for _ in range(4):

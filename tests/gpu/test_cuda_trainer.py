@@ -35,7 +35,9 @@ def run_and_check(out_dir: Path, accelerator: str, layout: str = "shared") -> No
     )
     for result in results:
         if layout == "shared":
-            assert result["placement"]["backend"] == "gloo" and result["placement"]["ranks_per_device"] == WORLD
+            assert (
+                result["placement"]["backend"] == "gloo" and result["placement"]["ranks_per_device"] == WORLD
+            )
             assert set(result["devices"].values()) == {"cuda:0" if accelerator == "gpu" else "cpu"}
         else:
             assert result["placement"]["backend"] == "nccl" and result["placement"]["ranks_per_device"] == 1

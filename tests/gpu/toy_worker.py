@@ -11,12 +11,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for `tests.helpers`
 
-import pytorch_lightning as pl  # noqa: E402
-import torch  # noqa: E402
+import pytorch_lightning as pl
+import torch
 
-from lightning_cocod.launch import write_result  # noqa: E402
-from lightning_cocod.tools.worker import make_strategy, placement  # noqa: E402
-from tests.helpers import toy  # noqa: E402
+from lightning_cocod.launch import write_result
+from lightning_cocod.tools.worker import make_strategy, placement
+from tests.helpers import toy
 
 STEPS = 10
 RUNS = {

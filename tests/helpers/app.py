@@ -48,7 +48,11 @@ def recipe_jobs(recipe: str, cwd, env: dict[str, str], *args: str) -> tuple[list
     recipes = Path(__file__).resolve().parents[2] / "recipes"
     done = subprocess.run(
         ["bash", str(recipes / recipe), *args],
-        cwd=cwd, env={**os.environ, "DRY_RUN": "1", **env}, capture_output=True, text=True, timeout=60,
+        cwd=cwd,
+        env={**os.environ, "DRY_RUN": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]

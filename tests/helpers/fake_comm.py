@@ -58,7 +58,9 @@ class FakeHandle:
 
     def wait(self) -> None:
         if not self.is_completed():
-            raise RuntimeError(f"rank {self.comm.rank} waits on collective {self.index} not issued by every rank")
+            raise RuntimeError(
+                f"rank {self.comm.rank} waits on collective {self.index} not issued by every rank"
+            )
         parts = self.comm.cluster.contributions[self.index]
         for i, bucket in enumerate(self.buckets):
             bucket.copy_(sum(parts[r][i] for r in sorted(parts)))

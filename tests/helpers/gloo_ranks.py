@@ -30,7 +30,11 @@ def _rank(fn: Callable[..., Any], rank: int, world: int, port: int, out: Path, a
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     try:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=60),
         )
         payload: tuple = ("ok", fn(rank, *args))
     except BaseException as err:  # noqa: BLE001 - reported to the test
@@ -39,7 +43,9 @@ def _rank(fn: Callable[..., Any], rank: int, world: int, port: int, out: Path, a
     os._exit(0)  # no atexit handlers of the parent's pytest in a forked child
 
 
-def run_ranks(fn: Callable[..., Any], out: Path, *args: Any, world: int = 2, timeout: float = 90) -> list[tuple]:
+def run_ranks(
+    fn: Callable[..., Any], out: Path, *args: Any, world: int = 2, timeout: float = 90
+) -> list[tuple]:
     """``("ok", fn(rank, *args))`` or ``("error", "Type: message", traceback)`` of every rank."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.pkl"):

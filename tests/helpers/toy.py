@@ -36,7 +36,9 @@ class ToyLogic:
     """Writes every rank's weights after each optimizer step and at fit end to ``out_dir``; mixed
     into a LightningModule of either namespace (``ToyRegression``, ``toy_module``)."""
 
-    def __init__(self, steps: int, out_dir: str, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY):
+    def __init__(
+        self, steps: int, out_dir: str, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY
+    ):
         super().__init__()
         self.net = initial_model()
         self.steps, self.out_dir = steps, Path(out_dir)
@@ -70,7 +72,9 @@ class ToyLogic:
         self.evaluated.append((-1, flat(self.net)))
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=LR, momentum=self.momentum, weight_decay=self.weight_decay)
+        return torch.optim.SGD(
+            self.parameters(), lr=LR, momentum=self.momentum, weight_decay=self.weight_decay
+        )
 
     def on_train_batch_end(self, *args) -> None:
         self.trajectory.append(flat(self.net))
@@ -106,13 +110,22 @@ def read_ranks(out_dir: Path, world: int) -> list[dict]:
 
 class _Workers:
     def __init__(
-        self, world: int, steps: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY,
+        self,
+        world: int,
+        steps: int,
+        momentum: float = MOMENTUM,
+        weight_decay: float = WEIGHT_DECAY,
         frozen_bias: bool = False,
     ):
         base = initial_model()
         self.models = [copy.deepcopy(base) for _ in range(world)]
         self.opts = [
-            torch.optim.SGD([m.weight] if frozen_bias else m.parameters(), lr=LR, momentum=momentum, weight_decay=weight_decay)
+            torch.optim.SGD(
+                [m.weight] if frozen_bias else m.parameters(),
+                lr=LR,
+                momentum=momentum,
+                weight_decay=weight_decay,
+            )
             for m in self.models
         ]
         for m in self.models:
@@ -144,8 +157,13 @@ class _Workers:
 
 
 def reference_cocod(
-    world: int, steps: int, tau: int, unfreeze_bias_at: int | None = None, progress: float = 1.0,
-    clip: float | None = None, gamma: float | None = None,
+    world: int,
+    steps: int,
+    tau: int,
+    unfreeze_bias_at: int | None = None,
+    progress: float = 1.0,
+    clip: float | None = None,
+    gamma: float | None = None,
 ) -> tuple[list[list[list[float]]], list[list[float]]]:
     """Per-step per-rank weights and final weights of CoCoD-SGD, straight from the update rule
     ``x_i <- avg + progress (x_i - snap_i)`` (1: the paper's rule, CoCoDStrategy's default).
@@ -190,7 +208,9 @@ def reference_cocod(
     return trajectory, w.state()
 
 
-def reference_local_sgd(world: int, steps: int, tau: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY):
+def reference_local_sgd(
+    world: int, steps: int, tau: int, momentum: float = MOMENTUM, weight_decay: float = WEIGHT_DECAY
+):
     w = _Workers(world, steps, momentum, weight_decay)
     trajectory = []
     for step in range(steps):
@@ -209,9 +229,7 @@ def reference_pipe_sgd(world: int, steps: int):
     trajectory, previous = [], None
     for step in range(steps):
         w.grads(step)
-        current = [
-            sum(w.params(r)[k].grad for r in range(world)) / world for k in range(len(w.params(0)))
-        ]
+        current = [sum(w.params(r)[k].grad for r in range(world)) / world for k in range(len(w.params(0)))]
         for r in range(world):
             for k, p in enumerate(w.params(r)):
                 p.grad = None if previous is None else previous[k].clone()
