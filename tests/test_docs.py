@@ -34,6 +34,8 @@ COMMANDS_RUN_BY_TESTS = {
     "cocod-report outputs --group smoke": "tests/test_report.py::test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_marks_late_ones",
     "cocod-train experiment=smoke '~model' +model._target_=mymod.MyModule": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
     "cocod-train experiment=smoke data._target_=mymod.MyData": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
+    "cocod-train experiment=smoke '~model' +model._target_=mymod.LitModule +model.net._target_=mymod.Net "
+    "'+model.optimizer={_target_:torch.optim.SGD,_partial_:true,lr:0.1}'": "tests/test_user_code.py::test_a_lightning_module_and_a_data_module_taking_only_batch_size_train_under_the_app",
     "torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=127.0.0.1 --master-port=29500 -m "
     "lightning_cocod.app.train launcher=torchrun experiment=smoke run_id=two launcher.threads_per_worker=1": "tests/test_multinode.py::test_two_torchrun_agents_run_the_smoke_experiment_on_cpu",
     "cocod-train experiment=smoke run_id=<the run's id> checkpoint.resume=last": "tests/test_train_app.py::test_a_preempted_run_resumes_with_the_one_command_it_prints",
