@@ -226,7 +226,9 @@ def test_the_site_builds_with_strict_warnings_as_errors(tmp_path):
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     front = (site / "index.html").read_text()
-    assert "8 local steps per round" in front  # a comment of examples/first_example.py, which the page holds
+    assert (
+        "the shortest period that hides each round, at most 2" in front
+    )  # a comment of examples/first_example.py, which the page holds
     reference = (site / "reference" / "index.html").read_text()
     assert "Computation and communication decoupled SGD" in reference  # CoCoDStrategy's docstring
 
