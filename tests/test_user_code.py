@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lightning_cocod.app.checks import ConfigError
-from tests.helpers.app import preflight
+from tests.helpers.app import preflight, user_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,11 +119,7 @@ def documented(start: str) -> list[str]:
 
 @pytest.fixture
 def mymod(tmp_path, monkeypatch):
-    (tmp_path / "mymod.py").write_text(LIGHTNING_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "mymod", raising=False)
-    yield tmp_path
-    sys.modules.pop("mymod", None)
+    yield from user_module(tmp_path, monkeypatch, "mymod", LIGHTNING_MODULE)
 
 
 @pytest.mark.slow
