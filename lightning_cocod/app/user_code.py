@@ -21,7 +21,7 @@ from lightning_cocod.app.checks import APP_HOOKS, bad
 from lightning_cocod.methods import METHODS, method_of_class
 
 NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
-# A logger's or callback's class path in one namespace -> the same class in the other.
+# Where a Lightning class path of each namespace starts (CSVLogger, DDPStrategy, ...).
 _PREFIXES = {"pytorch_lightning": "pytorch_lightning.", "lightning.pytorch": "lightning.pytorch."}
 # The base classes a Trainer tells apart by isinstance (checkpoints) or by its is_overridden
 # (data modules), most specific first.
@@ -110,10 +110,6 @@ def _base(namespace: str, path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def trainer_class(namespace: str) -> type:
-    return importlib.import_module(namespace).Trainer
-
-
 # A data module of the user's own.
 #
 # The data group (data=digits, ...) describes the data (``dataset``: the classes and channels the
@@ -178,7 +174,7 @@ def check_own_data(cfg: DictConfig) -> None:
         raise ConfigError(
             "~data drops the data group, which describes the data (dataset) and gives the run its "
             "data.batch_size; a module of your own goes in its place without it: "
-            + shlex.join(["cocod-train", *keep] if own else [*keep, "data._target_=mymod.MyData"])
+            + shlex.join(["cocod-train", *keep, *([] if own else ["data._target_=mymod.MyData"])])
         )
     if not own_data(cfg.get("data")):
         return
