@@ -3,7 +3,8 @@
     python examples/fabric_example.py    # about 15 s on a 2-core machine
 
 ``import lightning_cocod`` registers "cocod", "local_sgd" and "pipe_sgd" in Fabric's strategy
-registry (or pass ``lightning_cocod.fabric.CoCoDFabricStrategy(tau=8)``). Fabric starts the
+registry, at the recommended ``tau="auto"`` (or pass ``lightning_cocod.fabric.CoCoDFabricStrategy(...)``
+for other options: ``compression="int8"`` on a slow link). Fabric starts the
 second worker by running this script again, hence the ``__main__`` guard.
 """
 

@@ -38,7 +38,7 @@ class TinyClassifier(pl.LightningModule):
 if __name__ == "__main__":
     pl.seed_everything(0)
     trainer = pl.Trainer(
-        strategy="cocod",  # or lightning_cocod.CoCoDStrategy(tau=8): 8 local steps per round
+        strategy="cocod",  # tau="auto": the shortest period that hides each round, at most 2
         accelerator="cpu",
         devices=2,
         max_epochs=5,

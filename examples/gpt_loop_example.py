@@ -6,7 +6,9 @@ on 2 CPU worker processes started by torchrun:
 The three lines marked ``# lightning_cocod`` are all it adds to the same script training each
 worker on its own shard (without them, it is that script: tests/test_examples.py runs both).
 The text is character-level Markov text generated from a seed, so it needs no download and the
-best achievable loss is known; AdamW's moments stay on each worker, as momentum does.
+best achievable loss is known. AdamW's moments stay on each worker, which shrinks the workers' mean
+step to about 1/sqrt(N) of S-SGD's: the outer step ``progress=sqrt(N)`` restores it, and holds at
+tau=1 only (docs/language-model.md, "AdamW's state and the merge"), the recommended settings for AdamW.
 """
 
 import math
@@ -30,7 +32,7 @@ def lr_at(step: int) -> float:
 
 def main() -> None:
     dist.init_process_group("gloo")  # torchrun says where the other workers are
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     source = MarkovSource(vocab_size=27, order=3, seed=1234)
     # Every worker draws its own blocks from the source: shards of an endless corpus.
@@ -42,7 +44,7 @@ def main() -> None:
     others = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95))
-    cocod = CoCoD(model, optimizer, tau=4).start()  # lightning_cocod
+    cocod = CoCoD(model, optimizer, tau=1, progress=math.sqrt(world)).start()  # lightning_cocod
     for step, batch in enumerate(train.split(BATCH)):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)

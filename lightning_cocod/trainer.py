@@ -16,10 +16,10 @@ QUIET = {
 }
 
 
-def build_trainer(**kwargs: Any) -> Any:
-    """``pytorch_lightning.Trainer(**QUIET | kwargs)``."""
-    import pytorch_lightning as pl
+def build_trainer(namespace: str = "pytorch_lightning", **kwargs: Any) -> Any:
+    """``<namespace>.Trainer(**QUIET | kwargs)``: ``pytorch_lightning`` or ``lightning.pytorch``."""
+    import importlib
 
     import lightning_cocod  # noqa: F401 - registers the strategy names before the Trainer resolves one
 
-    return pl.Trainer(**{**QUIET, **kwargs})
+    return importlib.import_module(namespace).Trainer(**{**QUIET, **kwargs})

@@ -17,7 +17,7 @@ from lightning_cocod.app.checks import ConfigError, check
 from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import world_size
 from lightning_cocod.app.preflight import config_dir, job_overrides, run_order
-from tests.helpers.app import preflight
+from tests.helpers.app import preflight, user_module
 
 CONF = config_dir()
 REPO = CONF.parent
@@ -583,11 +583,7 @@ class MyData(pl.LightningDataModule):
 @pytest.fixture
 def own_modules(tmp_path, monkeypatch):
     """``ownmods``, a module of the user's own, importable as the app finds it (the current folder)."""
-    (tmp_path / "ownmods.py").write_text(OWN_MODULES)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "ownmods", raising=False)
-    yield tmp_path
-    sys.modules.pop("ownmods", None)
+    yield from user_module(tmp_path, monkeypatch, "ownmods", OWN_MODULES)
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

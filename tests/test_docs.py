@@ -34,6 +34,8 @@ COMMANDS_RUN_BY_TESTS = {
     "cocod-report outputs --group smoke": "tests/test_report.py::test_a_run_finds_its_baseline_among_the_records_of_its_group_and_the_report_marks_late_ones",
     "cocod-train experiment=smoke '~model' +model._target_=mymod.MyModule": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
     "cocod-train experiment=smoke data._target_=mymod.MyData": "tests/test_train_app.py::test_a_model_and_a_datamodule_of_the_users_own_in_the_current_folder",
+    "cocod-train experiment=smoke '~model' +model._target_=mymod.LitModule +model.net._target_=mymod.Net "
+    "'+model.optimizer={_target_:torch.optim.SGD,_partial_:true,lr:0.1}'": "tests/test_user_code.py::test_a_lightning_module_and_a_data_module_taking_only_batch_size_train_under_the_app",
     "torchrun --nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=127.0.0.1 --master-port=29500 -m "
     "lightning_cocod.app.train launcher=torchrun experiment=smoke run_id=two launcher.threads_per_worker=1": "tests/test_multinode.py::test_two_torchrun_agents_run_the_smoke_experiment_on_cpu",
     "cocod-train experiment=smoke run_id=<the run's id> checkpoint.resume=last": "tests/test_train_app.py::test_a_preempted_run_resumes_with_the_one_command_it_prints",
@@ -113,6 +115,12 @@ def python_problems(page: Path, root: Path = ROOT) -> tuple[list[str], list[tupl
             continue
         included = snippet_paths(body)
         copy_of = examples.get(code)
+        titled = re.fullmatch(r'python title="(examples/[^"]+)"', info)
+        if titled and (copy_of is None or str(copy_of.relative_to(root)) != titled.group(1)):
+            problems.append(
+                f"{where}:{line}: titled {titled.group(1)} but differs from that file: copy it again"
+            )
+            continue
         if included is not None or copy_of is not None:
             for path in included or [str(copy_of.relative_to(root))]:
                 if not path.startswith("examples/") or not (root / path).is_file():
@@ -209,7 +217,7 @@ def test_the_site_builds_with_strict_warnings_as_errors(tmp_path):
             "-d",
             str(site),
         ],
-        cwd=ROOT,
+        cwd=tmp_path,  # another folder than the repository's: the snippets' base path is the config's
         env=env,
         capture_output=True,
         text=True,
@@ -219,10 +227,35 @@ def test_the_site_builds_with_strict_warnings_as_errors(tmp_path):
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     front = (site / "index.html").read_text()
     assert (
-        "8 local steps per round" in front
-    )  # a comment of examples/first_example.py, included at build time
+        "the shortest period that hides each round, at most 2" in front
+    )  # a comment of examples/first_example.py, which the page holds
     reference = (site / "reference" / "index.html").read_text()
     assert "Computation and communication decoupled SGD" in reference  # CoCoDStrategy's docstring
+
+
+def test_the_snippets_base_path_is_the_repository_root_from_any_folder(tmp_path, monkeypatch):
+    from mkdocs.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    assert [Path(os.fspath(p)) for p in config.mdx_configs["pymdownx.snippets"]["base_path"]] == [ROOT]
+
+
+def test_the_pages_hold_their_code_rather_than_include_it():
+    # Read in the repository (GitHub renders no includes), a page must show the code itself.
+    includes = [
+        f"{page.relative_to(ROOT)}:{line}"
+        for page in PAGES
+        for info, body, line in fences(page.read_text())
+        if any("8<" in b or "8 <" in b for b in body)
+    ]
+    assert includes == []
+    shown = {
+        m.group(1)
+        for page in PAGES
+        for m in re.finditer(r'```python title="(examples/[^"]+)"', page.read_text())
+    }
+    assert {"examples/loop_example.py", "examples/gpt_loop_example.py", "examples/fabric_example.py"} <= shown
 
 
 def test_every_python_block_is_run_included_from_a_tested_file_or_a_sketch():
@@ -274,6 +307,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "Text.\n\n    indented --command\n\n"
         '```python\nprint(1)\n```\n\n```python title="sketch"\nfit(model)\n```\n\n'
         '```python\n--8<-- "examples/missing.py"\n```\n\n```python title="other"\nx\n```\n'
+        '\n```python title="examples/first_example.py"\nprint("not the file")\n```\n'
     )
     text = page.read_text()
     unaccounted = [c for c, _ in commands(text) if command_problem(c)]
@@ -283,8 +317,9 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     problems, runnable = python_problems(page, root=tmp_path)
     assert [code for _, code in runnable] == ["print(1)\n"]
     assert (
-        len(problems) == 2 and "examples/missing.py" in problems[0] and "unknown python fence" in problems[1]
+        len(problems) == 3 and "examples/missing.py" in problems[0] and "unknown python fence" in problems[1]
     )
+    assert "differs from that file" in problems[2]
     assert runner_problem("cocod-report x", "tests/test_report.py::test_no_such_test") is not None
     assert runner_problem(
         "cocod-demo", "tests/test_plan.py::test_the_command_prints_every_method_and_a_period"

@@ -20,6 +20,15 @@ def test_the_wheel_lists_every_package_of_the_source_tree():
     assert listed == found | {"lightning_cocod.conf"} | (plugins - {"hydra_plugins.__pycache__"})
 
 
+def test_lightning_users_get_an_extra_and_the_set_up_names_it():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    tested = next(r for r in extras["test"] if r.startswith("lightning"))
+    assert extras["lightning"] == [tested]  # the version the tests ran with
+    readme = (ROOT / "README.md").read_text()
+    set_up = readme.partition("## Set up and run")[2].partition("\n## ")[0]
+    assert 'pip install torch==2.13.0 -e ".[lightning]"' in set_up
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_installed_package_trains_from_an_empty_folder(tmp_path):

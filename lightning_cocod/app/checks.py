@@ -210,7 +210,9 @@ def unknown_key(key: str, parent: Any) -> str:
     elif key == "strategy.tau":
         hint = "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
     else:
-        hint = f" (+{key}=... adds a key)"
+        from lightning_cocod.app.user_code import adding_hint
+
+        hint = adding_hint(key, parent)
     return f"unknown key '{key}'; {section or 'the top level'} accepts: {accepted}{hint}"
 
 
@@ -378,7 +380,9 @@ def _check_objects(cfg: DictConfig) -> None:
             raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
         _check_signature(path, target, node)
     _check_few_values(typing.get_type_hints(pl.Trainer.__init__), cfg.trainer)
-    built = {key: _build(key, instantiate, cfg[key]) for key in ("strategy", "data")}
+    from lightning_cocod.app.user_code import check_own_batch, data_node
+
+    built = {key: _build(key, instantiate, data_node(cfg[key])) for key in ("strategy", "data")}
     for key, callbacks in CALLBACKS.items():
         _build(key, callbacks, cfg, Path(cfg.out_root), None, "a title")
     if cfg.checkpoint.every_n_minutes and not hasattr(built["strategy"], "request_checkpoint"):
@@ -390,9 +394,14 @@ def _check_objects(cfg: DictConfig) -> None:
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
     _check_hooks(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
     _check_data(cfg, built["data"])
+    check_own_batch(cfg, built["data"])
 
 
 def _check_signature(path: str, target: Any, node: DictConfig) -> None:
+    from lightning_cocod.app.user_code import own_data
+
+    if path == "data" and own_data(node):
+        return  # built from the keys it names (user_code.data_node); check_own_data checks the rest
     params = inspect.signature(target).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return  # takes anything; its own checks run when it is built
@@ -403,10 +412,10 @@ def _check_signature(path: str, target: Any, node: DictConfig) -> None:
         if path == "model" and set(extra) & _package_model_keys():
             # Only the target replaced: the model group's keys are the package's module's.
             hint = f"; a module of your own: ~model +model._target_={node._target_}"
-        elif path == "data":  # a datamodule of one's own needs data.batch_size, the others can go
-            hint = f"; a datamodule of your own takes batch_size (drop the others: ~data.{extra[0]})"
-        elif path == "model":
+        elif path == "model" and node[extra[0]] is not None:  # Hydra deletes no key whose value is null
             hint = f" (drop it: ~model.{extra[0]})"
+        elif path == "model":
+            hint = f" (take model.{extra[0]} off the command line)"
         name = getattr(target, "__name__", str(target))
         raise ConfigError(
             f"unknown key '{path}.{extra[0]}'; {name} accepts: {', '.join(sorted(accepted))}{hint}"
@@ -448,15 +457,9 @@ def _check_few_values(hints: dict[str, Any], node: DictConfig) -> None:
 def _check_hooks(target: str, model: Any) -> None:
     """A module the app cannot run to the end (``fit.fit_run``: fit with validation, then test)
     is refused here, before any worker trains it; what the steps log cannot be checked here."""
-    import pytorch_lightning as pl
-    from pytorch_lightning.utilities.model_helpers import is_overridden
+    from lightning_cocod.app.user_code import check_module
 
-    if not isinstance(model, pl.LightningModule):
-        raise bad("model._target_", target, f"a LightningModule (it built a {type(model).__name__})")
-    for hook, use in APP_HOOKS.items():
-        if not is_overridden(hook, model):
-            accepted = f"a LightningModule with {', '.join(APP_HOOKS)}; {type(model).__name__} has no {hook}"
-            raise bad("model._target_", target, f"{accepted}, which the app needs: {use}")
+    check_module(target, model)
 
 
 def _build(key: str, build: Any, *args: Any, **kwargs: Any) -> Any:

@@ -20,6 +20,7 @@ from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import condition, condition_id, measured, to_plain
 from lightning_cocod.app.runs import load_runs, write_finished
 from lightning_cocod.app.speedup import speedup
+from lightning_cocod.app.user_code import data_node, in_namespace, namespace_of, node_in
 from lightning_cocod.trainer import build_trainer
 
 log = logging.getLogger("cocod-train")
@@ -76,19 +77,25 @@ def fit_run(cfg: DictConfig, job_dir: Path, identity: dict[str, Any]) -> dict[st
 
     torch.set_num_threads(threads_per_rank(cfg.launcher, os.environ))
     pl.seed_everything(cfg.seed, workers=True)
-    data, model, strategy = instantiate(cfg.data), instantiate(cfg.model), instantiate(cfg.strategy)
+    data, model = instantiate(data_node(cfg.data)), instantiate(cfg.model)
+    # The module's namespace (pytorch_lightning or lightning.pytorch) is the run's: preflight
+    # refused a module of neither.
+    namespace = namespace_of(model) or "pytorch_lightning"
+    data, strategy = in_namespace(data, namespace), instantiate(node_in(cfg.strategy, namespace))
     resume = resume_checkpoint(cfg, job_dir, verify=False)  # the launcher verified it
     timer = StepTimer()
     timeline = AccuracyTimeline(timer, metric="val/acc", target=cfg.target_accuracy)
-    logger = build_logger(cfg.logger, job_dir, identity)
+    logger = build_logger(node_in(cfg.logger, namespace), job_dir, identity)
     callbacks = [
         SameConfig(must_agree(cfg)),  # first: before any callback of the list talks to the other ranks
         timer,
         timeline,
         *(c for build in CALLBACKS.values() for c in build(cfg, job_dir, resume, identity["name"])),
     ]
+    callbacks = [in_namespace(c, namespace) for c in callbacks]
     launcher = cfg.launcher
     trainer = build_trainer(
+        namespace,
         **to_plain(cfg.trainer),
         accelerator=launcher.accelerator,
         devices=launcher.devices,

@@ -76,8 +76,11 @@ def job_overrides(overrides: Sequence[str], config_loader: Any = None) -> list[l
 
 def check_jobs(jobs: Sequence[Sequence[str]], configs: Sequence[DictConfig]) -> None:
     """``check`` on every job; a sweep's error names its job."""
+    from lightning_cocod.app.user_code import check_own_data
+
     for overrides, cfg in zip(jobs, configs):
         try:
+            check_own_data(cfg)
             check(job_part(cfg))
         except ConfigError as err:
             raise ConfigError(f"{err} [job: {' '.join(overrides)}]" if len(jobs) > 1 else str(err)) from None

@@ -64,3 +64,15 @@ def recipe_jobs(recipe: str, cwd, env: dict[str, str], *args: str) -> tuple[list
         order, repeats = run_order(configs)
         jobs += [configs[n] for n in order if n not in repeats]
     return jobs, report[1:]
+
+
+def user_module(folder, monkeypatch, name: str, source: str):
+    """Writes module ``name`` of the user's own in ``folder`` and makes it importable as the app
+    finds it (the current folder); yields the folder and forgets the module after."""
+    import sys
+
+    (folder / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    yield folder
+    sys.modules.pop(name, None)
