@@ -27,9 +27,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from lightning_cocod._errors import first_line
+from lightning_cocod._errors import ConfigError, bad, first_line
 from lightning_cocod._files import unwritable
 from lightning_cocod.app.speedup import GOALS
+from lightning_cocod.app.user_code import (
+    HYDRA_KEYS,
+    adding_hint,
+    arguments_of,
+    check_module,
+    check_own_batch,
+    data_node,
+    own_data,
+)
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
@@ -45,14 +54,6 @@ APP_TRAINER_KEYS = {
     "enable_checkpointing": "checkpoint.every_n_epochs, every_n_steps and every_n_minutes",
 }
 # What ``fit.fit_run`` calls on the model, and why.
-APP_HOOKS = {
-    "training_step": "fit trains with it",
-    "configure_optimizers": "fit builds the optimizer with it",
-    "validation_step": "it logs val/acc after every epoch, read by the progress line, the accuracy timeline "
-    "and target_accuracy",
-    "test_step": "after fit the app tests the model with it and records the test/acc it logs as the run's "
-    "test accuracy",
-}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
 _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -163,14 +164,6 @@ def _period(default: Any, *, _root_: DictConfig) -> Any:
 OmegaConf.register_new_resolver("period", _period, replace=True)
 
 
-class ConfigError(ValueError):
-    """A bad config, said in one line that names the key and what it accepts."""
-
-
-def bad(key: str, value: Any, accepted: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is invalid; accepted: {accepted}")
-
-
 def compose_error(err: Exception) -> str:
     """What Hydra or OmegaConf refused while composing, in one line."""
     from hydra.errors import MissingConfigException
@@ -210,8 +203,6 @@ def unknown_key(key: str, parent: Any) -> str:
     elif key == "strategy.tau":
         hint = "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
     else:
-        from lightning_cocod.app.user_code import adding_hint
-
         hint = adding_hint(key, parent)
     return f"unknown key '{key}'; {section or 'the top level'} accepts: {accepted}{hint}"
 
@@ -380,8 +371,6 @@ def _check_objects(cfg: DictConfig) -> None:
             raise bad(f"{path}._target_", node._target_, f"an importable class ({first_line(err)})") from None
         _check_signature(path, target, node)
     _check_few_values(typing.get_type_hints(pl.Trainer.__init__), cfg.trainer)
-    from lightning_cocod.app.user_code import check_own_batch, data_node
-
     built = {key: _build(key, instantiate, data_node(cfg[key])) for key in ("strategy", "data")}
     for key, callbacks in CALLBACKS.items():
         _build(key, callbacks, cfg, Path(cfg.out_root), None, "a title")
@@ -392,21 +381,19 @@ def _check_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    _check_hooks(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
+    check_module(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
     _check_data(cfg, built["data"])
     check_own_batch(cfg, built["data"])
 
 
 def _check_signature(path: str, target: Any, node: DictConfig) -> None:
-    from lightning_cocod.app.user_code import own_data
-
     if path == "data" and own_data(node):
         return  # built from the keys it names (user_code.data_node); check_own_data checks the rest
-    params = inspect.signature(target).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    accepted = arguments_of(target)
+    if accepted is None:
         return  # takes anything; its own checks run when it is built
-    accepted = set(params) - {"self"} - (set(APP_TRAINER_KEYS) if path == "trainer" else set())
-    extra = sorted(set(node) - accepted - {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+    accepted -= set(APP_TRAINER_KEYS) if path == "trainer" else set()
+    extra = sorted(set(node) - accepted - HYDRA_KEYS)
     if extra:
         hint = ""
         if path == "model" and set(extra) & _package_model_keys():
@@ -452,14 +439,6 @@ def _check_few_values(hints: dict[str, Any], node: DictConfig) -> None:
                 "null" if v is None else str(v).lower() if isinstance(v, bool) else repr(v) for v in values
             )
             raise bad(f"trainer.{key}", value, f"one of {', '.join(words)}")
-
-
-def _check_hooks(target: str, model: Any) -> None:
-    """A module the app cannot run to the end (``fit.fit_run``: fit with validation, then test)
-    is refused here, before any worker trains it; what the steps log cannot be checked here."""
-    from lightning_cocod.app.user_code import check_module
-
-    check_module(target, model)
 
 
 def _build(key: str, build: Any, *args: Any, **kwargs: Any) -> Any:

@@ -11,16 +11,26 @@ classes), the logger, and the package's callbacks and data modules, which are wr
 from __future__ import annotations
 
 import importlib
+import inspect
 import shlex
 import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightning_cocod.app.checks import APP_HOOKS, bad
+from lightning_cocod._errors import ConfigError, bad
 from lightning_cocod.methods import METHODS, method_of_class
 
 NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
+# The hooks the app calls on a module (fit.fit_run: fit with validation, then test), and what for.
+APP_HOOKS = {
+    "training_step": "fit trains with it",
+    "configure_optimizers": "fit builds the optimizer with it",
+    "validation_step": "it logs val/acc after every epoch, read by the progress line, the accuracy timeline "
+    "and target_accuracy",
+    "test_step": "after fit the app tests the model with it and records the test/acc it logs as the run's "
+    "test accuracy",
+}
 # Where a Lightning class path of each namespace starts (CSVLogger, DDPStrategy, ...).
 _PREFIXES = {"pytorch_lightning": "pytorch_lightning.", "lightning.pytorch": "lightning.pytorch."}
 # The base classes a Trainer tells apart by isinstance (checkpoints) or by its is_overridden
@@ -120,7 +130,7 @@ def _base(namespace: str, path: str) -> type:
 # A key the user sets on the command line is the user's, and must be one the module names.
 
 PACKAGE = "lightning_cocod."
-_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}  # not arguments
 
 
 def own_data(node: Any) -> bool:
@@ -128,16 +138,19 @@ def own_data(node: Any) -> bool:
     return isinstance(node, DictConfig) and not str(node.get("_target_", PACKAGE)).startswith(PACKAGE)
 
 
-def named_keys(target: str) -> set[str] | None:
-    """The arguments ``target``'s ``__init__`` names; None when it takes ``**kwargs`` (anything)."""
-    import inspect
-
-    from hydra.utils import get_object
-
-    params = inspect.signature(get_object(target)).parameters
+def arguments_of(build: Any) -> set[str] | None:
+    """The arguments ``build`` (a class or function) names; None when it takes ``**kwargs`` (anything)."""
+    params = inspect.signature(build).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return None
     return set(params) - {"self"}
+
+
+def named_keys(target: str) -> set[str] | None:
+    """``arguments_of`` the class or function a ``_target_`` names."""
+    from hydra.utils import get_object
+
+    return arguments_of(get_object(target))
 
 
 def data_node(node: Any) -> Any:
@@ -149,7 +162,7 @@ def data_node(node: Any) -> Any:
         return node
     plain = OmegaConf.to_container(node, resolve=True)
     assert isinstance(plain, dict)
-    return OmegaConf.create({k: v for k, v in plain.items() if k in named | _HYDRA_KEYS})
+    return OmegaConf.create({k: v for k, v in plain.items() if k in named | HYDRA_KEYS})
 
 
 def _given(overrides: list[str]) -> list[tuple[str, str]]:
@@ -165,8 +178,6 @@ def _given(overrides: list[str]) -> list[tuple[str, str]]:
 def check_own_data(cfg: DictConfig) -> None:
     """Before the job's checks (which read the data group's keys): the data group is there, and
     what the command line sets of a module of the user's own is what it takes."""
-    from lightning_cocod.app.checks import ConfigError
-
     overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
     if OmegaConf.is_missing(cfg, "dataset") and "~data" in overrides:
         own = [o for o in overrides if o.startswith("+data._target_=")]
@@ -187,7 +198,7 @@ def check_own_data(cfg: DictConfig) -> None:
     for override, key in _given(overrides):
         section, _, name = key.partition(".")
         # batch_size is the run's too (its record's global batch): set for a module that has its own.
-        taken = named | _HYDRA_KEYS | {"batch_size"}
+        taken = named | HYDRA_KEYS | {"batch_size"}
         if section == "data" and name and "." not in name and name not in taken:
             module = str(cfg.data._target_).rpartition(".")[2]
             takes = ", ".join(sorted(named)) or "no arguments"
@@ -200,8 +211,6 @@ def check_own_data(cfg: DictConfig) -> None:
 def check_own_batch(cfg: DictConfig, data: Any) -> None:
     """A module of the user's own that takes no batch_size has its own: the run's record (the
     global batch, samples per second) reads data.batch_size, which must then be the module's."""
-    from lightning_cocod.app.checks import bad
-
     if not own_data(cfg.data):
         return
     named = named_keys(str(cfg.data._target_))
@@ -242,21 +251,17 @@ def adding_hint(key: str, parent: Any) -> str:
     return f"; {target.rpartition('.')[2]} takes no {name} either"
 
 
-def _trainer_arguments() -> set[str]:
-    import inspect
-
+def _trainer_arguments() -> set[str] | None:
     import pytorch_lightning as pl
 
-    return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    return arguments_of(pl.Trainer.__init__)
 
 
 def _passed_on(cls: Any) -> set[str] | None:
     """The arguments a class takes, following ``**kwargs`` up its bases' ``__init__`` (the
     strategies pass theirs on to Lightning's DDPStrategy); None when they stay open to the end."""
-    import inspect
-
     if not isinstance(cls, type):
-        return named_keys(f"{cls.__module__}.{cls.__qualname__}")
+        return arguments_of(cls)
     names: set[str] = set()
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")
