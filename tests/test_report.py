@@ -555,3 +555,120 @@ def test_hostile_records_are_each_skipped_and_named_and_no_link_is_written_throu
     table = (tmp_path / "rep" / "g.md").read_text()
     assert table.startswith(f"# g: {len(RUNS)} run(s)")
     assert (tmp_path / "rep" / "g_speedup_vs_tau.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_runs_judged_by_different_goals_share_no_row_target_or_speedup(tmp_path, monkeypatch):
+    """One condition, one group, two goals: the accuracy-judged runs and the loss-judged ones each
+    get their own rows, S-SGD level and target, and no speedup crosses from one goal to the other."""
+
+    def judged(method, seed, step, goal, finals):
+        tau = None if method == "ssgd" else 4
+        timeline = [
+            {"seconds": 10.0 * (i + 1), "accuracy": a, "loss": loss} for i, (a, loss) in enumerate(finals)
+        ]
+        return dict(run(method, seed, step, finals[-1][0], tau=tau, judged_by=goal), timeline=timeline)
+
+    accuracy = [
+        judged("ssgd", 0, 2.0, "accuracy", [(0.5, 2.0), (0.9, 1.0)]),
+        judged("cocod", 0, 1.0, "accuracy", [(0.6, 2.0), (0.91, 1.1)]),
+    ]
+    loss = [
+        judged("ssgd", 0, 4.0, "loss", [(0.3, 3.0), (0.4, 2.5)]),
+        judged("cocod", 0, 0.5, "loss", [(0.3, 3.0), (0.35, 2.4)]),
+    ]
+    runs = [*accuracy, *loss]
+    rows = {(r["label"], r["goal"]): r for r in report.summarise(runs)}
+    assert sorted(rows) == sorted(
+        (m, g) for m in ("S-SGD", "CoCoD-SGD") for g in ("accuracy", "loss")
+    )  # four rows, not two
+    assert all(r["n"] == 1 for r in rows.values())
+    # Each goal's target is its own S-SGD's final figure, within that goal's margin.
+    assert rows["CoCoD-SGD", "accuracy"]["goal_target"] == pytest.approx(0.9 - 0.005)
+    assert rows["CoCoD-SGD", "loss"]["goal_target"] == pytest.approx(2.5 + 0.01)
+    assert rows["CoCoD-SGD", "accuracy"]["final"] == pytest.approx(91.0)  # in percent
+    assert rows["CoCoD-SGD", "loss"]["final"] == pytest.approx(2.4)  # in nats
+    # Speedups: over the S-SGD run judged alike (2.0 / 1.0 and 4.0 / 0.5), never across goals.
+    assert speedup(accuracy[1], runs) == (pytest.approx(2.0), accuracy[0]["id"])
+    assert speedup(loss[1], runs) == (pytest.approx(8.0), loss[0]["id"])
+    assert rows["CoCoD-SGD", "accuracy"]["speedup"] == pytest.approx(2.0)
+    assert rows["CoCoD-SGD", "loss"]["speedup"] == pytest.approx(8.0)
+    assert rows["CoCoD-SGD", "loss"]["tta_speedup"] == pytest.approx(20.0 / 20.0)
+    # The table names each row's goal, and shows each figure in its own unit.
+    table = report.markdown("g", runs, report.summarise(runs), [])
+    lines = [line for line in table.splitlines() if line.startswith("| CoCoD-SGD |")]
+    assert len(lines) == 2
+    assert any("judged_by=accuracy" in line and "| 91.00 |" in line and "| 89.50 |" in line for line in lines)
+    assert any("judged_by=loss" in line and "| 2.400 |" in line and "| 2.510 |" in line for line in lines)
+    # The speedup plot has a line per goal, not one averaging both.
+    figures = _captured_figures(monkeypatch)
+    extra = [
+        judged("cocod", 0, 0.25, g, [(0.6, 2.0), (0.95, 2.3)]) | {"tau": 8} for g in ("accuracy", "loss")
+    ]
+    assert report.plot(report.summarise(runs + extra), "tau", "speedup", tmp_path / "tau.png")
+    legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+    assert sorted(legend) == ["CoCoD-SGD w=2 judged_by=accuracy", "CoCoD-SGD w=2 judged_by=loss"]
+
+
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("accuracy", -1e308, "timeline point 1: accuracy -1e+308 is not a fraction in [0, 1]"),
+        ("loss", -1e308, "timeline point 1: loss -1e+308 is not a number in [0, 1e+100]"),
+        ("accuracy", 1.5, "timeline point 1: accuracy 1.5 is not a fraction in [0, 1]"),
+        ("loss", 1e300, "timeline point 1: loss 1e+300 is not a number in [0, 1e+100]"),
+        ("seconds", -1e308, "timeline point 1: seconds -1e+308 is not a number in [0, 1e+100]"),
+        ("test_acc", -1e308, "test_acc -1e+308 is not a fraction in [0, 1]"),
+        ("steady_step_seconds", -1e308, "steady_step_seconds -1e+308 is not a number in [0, 1e+100]"),
+    ],
+)
+def test_a_record_with_an_absurd_figure_costs_only_itself_and_the_group_is_reported(
+    tmp_path, capsys, field, value, why
+):
+    """A figure the type check lets through but no run writes (a -1e308 loss broke matplotlib's
+    axes, and the whole group went without its table and plots): the record is passed over and
+    named with the field and what is accepted; the other records are reported and plotted."""
+    good = [dict(r, judged_by="loss") for r in RUNS]
+    for r in good:
+        r["timeline"] = [dict(p, loss=2.0 - p["accuracy"]) for p in r["timeline"]]
+    absurd = dict(good[4], id="g/absurd", timeline=[dict(p) for p in good[4]["timeline"]])
+    if field in ("accuracy", "loss", "seconds"):
+        absurd["timeline"][1][field] = value
+    else:
+        absurd[field] = value
+    write_runs(tmp_path / "out", [*good, absurd])
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"cocod-report: skipped {tmp_path / 'out' / 'g' / 'absurd' / 'run.json'}: {why}"]
+    table = (tmp_path / "rep" / "g.md").read_text()
+    assert table.startswith(f"# g: {len(RUNS)} run(s)")  # the others, all of them
+    for name in ("g_loss_vs_time.png", "g_speedup_vs_tau.png", "g_accuracy_vs_tau.png"):
+        assert (tmp_path / "rep" / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_report_that_fails_half_way_leaves_the_last_one_whole_and_costs_only_its_group(
+    tmp_path, monkeypatch, capsys
+):
+    """A plot that breaks after another was drawn: nothing of that group's new report is put in
+    place (its last table and plots stay as they were), and the other group is reported."""
+    write_runs(tmp_path / "out", [*RUNS, *(dict(r, id="h/" + r["id"], group="h") for r in RUNS)])
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "rep").iterdir() if p.name.startswith("g")}
+    assert "g_accuracy_vs_time.png" in before and "g_speedup_vs_tau.png" in before
+    real_plot = report.plot
+
+    def broken(rows, x, y, path):
+        if path.name.startswith("g_") and y == "speedup":
+            raise ValueError("Axis limits cannot be NaN or Inf")
+        return real_plot(rows, x, y, path)
+
+    monkeypatch.setattr(report, "plot", broken)
+    (tmp_path / "rep" / "h.md").unlink()
+    capsys.readouterr()
+    assert report.main([str(tmp_path / "out"), "--out", str(tmp_path / "rep")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "cocod-report: error: group 'g': its report failed, its earlier files are as they were "
+        "(ValueError: Axis limits cannot be NaN or Inf)"
+    ]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "rep").iterdir() if p.name.startswith("g")} == before
+    assert (tmp_path / "rep" / "h.md").read_text().startswith(f"# h: {len(RUNS)} run(s)")

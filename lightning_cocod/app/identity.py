@@ -30,6 +30,8 @@ NETNS_ENV = "COCOD_LAUNCHER_NETNS"  # the launcher's network namespace, told to 
 NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
     None: (
         *("strategy", "tau", "seed", "name", "group", "run_id", "out_root", "checkpoint", "logger"),
+        # judged_by sets no speed, yet runs judged apart are compared apart: the speedup rule
+        # matches it beside condition_id (``speedup.goal_of``), so older records keep their id.
         *("target_accuracy", "judged_by", "progress_every_s"),
     ),
     "hetero": ("proportional", "batch_sizes", "every_n_epochs"),

@@ -5,8 +5,8 @@
 
 Runs are read from their run.json records (``app.runs``); a record that cannot be read is named on
 stderr and passed over. A row is one method (and CoCoD merge variant) at one tau under one
-condition (model, data, batch, workers, link, device, threads, precision: ``app.identity``), over
-its seeds. Each run's speedup is recomputed from the records by the rule the runs themselves used
+condition (model, data, batch, workers, link, device, threads, precision: ``app.identity``) and
+one goal (``judged_by``), over its seeds: runs judged apart share no row, target or speedup. Each run's speedup is recomputed from the records by the rule the runs themselves used
 (``app.speedup``): S-SGD's steady step time at the same condition and seed over the run's.
 """
 
@@ -91,15 +91,19 @@ def summarise(runs: list[Record]) -> list[Row]:
     conditions apart; methods in the table of methods' order, the default merge first; tau: none,
     the periods, "auto"."""
     labels = condition_labels(runs)
+    # A group whose runs are judged by several goals names each row's: two rows alike but for it.
+    mixed = len({goal_of(r).key for r in runs}) > 1
     cells: dict[tuple, list[Record]] = defaultdict(list)
     for run in runs:
         # Records from before CoCoD's merge was an option ran the paper's rule, progress 1.
         progress = run.get("progress", 1.0) if run["method"] == "cocod" else None
-        cells[(run.get("condition_id"), run["method"], progress, variant_of(run), run.get("tau"))].append(run)
+        key = (run.get("condition_id"), goal_of(run).key, run["method"], progress, variant_of(run))
+        cells[(*key, run.get("tau"))].append(run)
     rows = []
-    for (cid, method, progress, variant, tau), members in cells.items():
+    for (cid, goal_key, method, progress, variant, tau), members in cells.items():
         speedups = [speedup(member, runs)[0] for member in members]
-        goal = goal_of(members[0])  # one condition, one experiment: one goal
+        goal = GOALS[goal_key]
+        condition = "; ".join(filter(None, [labels[cid], f"judged_by={goal_key}" if mixed else ""]))
         scale = SHOWN[goal.key][0]
         level = ssgd_final(members[0], runs)  # the same for every seed: one condition
         target = goal.target(level) if level is not None else None
@@ -115,7 +119,7 @@ def summarise(runs: list[Record]) -> list[Row]:
             "tau": tau,
             "workers": members[0]["workers"],
             "link": members[0].get("link") or "–",
-            "condition": labels[cid],
+            "condition": condition,
             "seeds": sorted({m["seed"] for m in members}),
             "n": len(members),
             # Its seeds' timelines averaged point by point, over the validations all of them reached.
@@ -148,10 +152,12 @@ def summarise(runs: list[Record]) -> list[Row]:
             "settled": sorted({m["tau_history"][-1][1] for m in members if m.get("tau_history")}),
         }
         rows.append(row)
-    # Speedup to target: plain S-SGD's median time to target over the row's, in the same condition.
-    ssgd_tta = {r["cid"]: r["tta"] for r in rows if r["method"] == "ssgd" and r["label"] == label("ssgd")}
+    # Speedup to target: plain S-SGD's median time to target over the row's, same condition and goal.
+    ssgd_tta = {
+        (r["cid"], r["goal"]): r["tta"] for r in rows if r["method"] == "ssgd" and r["label"] == label("ssgd")
+    }
     for r in rows:
-        base = ssgd_tta.get(r["cid"])
+        base = ssgd_tta.get((r["cid"], r["goal"]))
         r["tta_speedup"] = base / r["tta"] if base and r["tta"] else None
 
     def order(r: Row) -> tuple:
@@ -338,6 +344,8 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
     rows, stem, plots = summarise(runs), group.replace("/", "_"), []
     # Drawn aside, then put in place whole (atomic_write): a report folder others can write may
     # hold a link under a report's name, and matplotlib would write through it to its target.
+    # Every plot and the table are made before any is put in place, so a report that fails
+    # half-way leaves the last one whole, never a new plot beside an old table.
     with tempfile.TemporaryDirectory(prefix="cocod-report-") as scratch:
         for y, x in (("timeline", "seconds"), ("acc", "tau"), ("speedup", "tau"), ("speedup", "workers")):
             shown = (
@@ -345,10 +353,12 @@ def write_report(group: str, runs: list[Record], out: Path) -> Path:
             )
             name = f"{stem}_{shown}_vs_{_IN_FILE_NAMES.get(x, x)}.png"
             if plot(rows, x, y, Path(scratch, name)):
-                atomic_write(out / name, Path(scratch, name).read_bytes())
                 plots.append(name)
+        table = markdown(group, runs, rows, plots)
+        for name in plots:
+            atomic_write(out / name, Path(scratch, name).read_bytes())
     path = out / f"{stem}.md"
-    atomic_write(path, markdown(group, runs, rows, plots))
+    atomic_write(path, table)
     return path
 
 
@@ -384,6 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:
             print(
                 f"cocod-report: error: group {group!r}: cannot write its report ({first_line(err)})",
+                file=sys.stderr,
+            )
+            failed = True
+        # A record the checks let through that breaks a plot: the other groups' reports still come.
+        except Exception as err:  # noqa: BLE001 - said in one line, and the exit status says it
+            print(
+                f"cocod-report: error: group {group!r}: its report failed, its earlier files are as they were "
+                f"({type(err).__name__}: {first_line(err)})",
                 file=sys.stderr,
             )
             failed = True

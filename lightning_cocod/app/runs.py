@@ -69,6 +69,22 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
 ]
 
 
+# What the figures a run writes can hold: its accuracies are fractions (the report shows them in
+# percent); its times, losses, byte counts and speedups are at least 0 and at most _HUGE, far below
+# where the report's sums over seeds and matplotlib's axis limits overflow to inf (a -1e308 loss
+# passed the type check and broke the plot of its whole group). None where a field may be null.
+_HUGE = 1e100
+_FRACTION, _SIZE = (0.0, 1.0, "a fraction in [0, 1]"), (0.0, _HUGE, f"a number in [0, {_HUGE:g}]")
+_RANGES = {"test_acc": _FRACTION, "target_accuracy": _FRACTION}
+_RANGES |= dict.fromkeys(("steady_step_seconds", "time_to_target_seconds", "bytes_sent_per_round"), _SIZE)
+_RANGES |= dict.fromkeys(("codec_seconds", "speedup_vs_ssgd"), _SIZE)
+_POINT = {"seconds": _SIZE, "accuracy": _FRACTION, "loss": _SIZE}  # a timeline point's (loss: or null)
+
+
+def _outside(value: object, bounds: tuple[float, float, str]) -> bool:
+    return value is not None and not bounds[0] <= value <= bounds[1]  # type: ignore[operator]  # numbers here
+
+
 def _wrong(value: object, kinds: tuple[type, ...]) -> bool:
     if isinstance(value, float) and not math.isfinite(value):  # Python's JSON reads NaN and Infinity
         return True
@@ -102,6 +118,13 @@ def _problem(record: object) -> str | None:
         for p in points
     ):
         return "timeline is not a list of {seconds, accuracy[, loss]} points"
+    for key, bounds in _RANGES.items():
+        if _outside(record.get(key), bounds):
+            return f"{key} {record.get(key)!r} is not {bounds[2]}"
+    for i, point in enumerate(points):
+        for key, bounds in _POINT.items():
+            if _outside(point.get(key), bounds):
+                return f"timeline point {i}: {key} {point.get(key)!r} is not {bounds[2]}"
     history = record.get("tau_history") or []
     if not isinstance(history, list) or not all(
         isinstance(e, list) and len(e) == 2 and not any(_wrong(v, (int,)) for v in e) for e in history

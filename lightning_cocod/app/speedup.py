@@ -2,8 +2,8 @@
 
 The speedup of a run is the steady step time of its baseline divided by its own. The baseline is
 the S-SGD run that differs from it only in the method: same group, same condition (model, data,
-batch, workers, link, device, threads, precision, ...: ``identity.condition``) and same seed, the
-first such run to finish if there are several. Without one the speedup is unknown (None), never
+batch, workers, link, device, threads, precision, ...: ``identity.condition``), same goal
+(``judged_by``) and same seed, the first such run to finish if there are several. Without one the speedup is unknown (None), never
 borrowed from another condition. The rule reads only the records themselves, so a run's speedup,
 once its baseline exists, is the same whoever computes it and whenever; later runs never change it.
 """
@@ -59,6 +59,10 @@ def _baselines(record: Record, runs: Iterable[Record], keys: tuple[str, ...]) ->
         if r.get("method") == "ssgd"
         and not r.get("comm_hook")  # S-SGD compressing its gradients is a method compared, not the baseline
         and all(r.get(key) == record.get(key) for key in keys)
+        # The goal is part of the condition, matched here rather than in condition_id so that the
+        # records from before there was a choice keep theirs: a loss-judged S-SGD run's final loss
+        # is no accuracy target, and runs judged apart are compared apart.
+        and goal_of(r) == goal_of(record)
     ]
 
 
@@ -92,7 +96,7 @@ def time_to(record: Record, level: float) -> float | None:
 
 
 def ssgd_final(record: Record, runs: Iterable[Record]) -> float | None:
-    """S-SGD's final validation figure in ``record``'s group and condition, the mean over its
+    """S-SGD's final validation figure in ``record``'s group, condition and goal, the mean over its
     seeds: what "as good as S-SGD" means for every run of that condition."""
     finals = [
         f for r in _baselines(record, runs, ("group", "condition_id")) if (f := final_value(r)) is not None
