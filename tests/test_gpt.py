@@ -4,6 +4,7 @@ optimum matches computations independent of the module's own."""
 
 import math
 import socket
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -192,3 +193,71 @@ def test_bad_data_arguments_are_refused_in_one_line_naming_the_key():
         MarkovSource(concentration=0)
     with pytest.raises(ValueError, match="vocab_size=1 is invalid"):
         MarkovSource(vocab_size=1)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("order", ["3", None, 2.5, True])
+def test_an_order_that_is_no_int_is_refused_naming_order_before_block_size_is_compared_with_it(order):
+    with pytest.raises(
+        ValueError, match=rf"MarkovTextDataModule: order={order!r} is invalid; accepted: an int >= 1"
+    ):
+        MarkovTextDataModule(order=order)
+
+
+@pytest.mark.timeout(10)
+def test_a_huge_order_is_refused_before_its_table_size_is_computed():
+    """order=10**8 made the size check compute 27**(10**8 + 1) as a Python integer: minutes."""
+    with pytest.raises(ValueError, match=r"order=100000000 is invalid; accepted: an order with vocab_size\^"):
+        MarkovTextDataModule(order=10**8, block_size=10**8)
+    with pytest.raises(
+        ValueError, match=r"order=22 is invalid"
+    ):  # 2^23 > 8e6: the first order past the bound
+        MarkovSource(vocab_size=2, order=22)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("concentration", [math.inf, math.nan, -math.inf])
+def test_a_concentration_that_is_not_finite_is_refused_naming_it(concentration):
+    with pytest.raises(
+        ValueError, match=r"concentration=\S+ is invalid; accepted: a positive number \(finite\)"
+    ):
+        MarkovTextDataModule(concentration=concentration)
+
+
+@pytest.mark.timeout(10)
+def test_a_chain_that_mixes_too_slowly_is_refused_naming_concentration_at_once():
+    """concentration=1e-3 drew, with the default source, a chain that mixes over millions of steps:
+    the power iteration ran 100,000 of them (a minute) and failed naming nothing."""
+    started = time.perf_counter()
+    with pytest.raises(
+        ValueError, match=r"concentration=0.001 is invalid; accepted: one whose chain mixes within"
+    ):
+        MarkovTextDataModule(concentration=1e-3)
+    assert time.perf_counter() - started < 5  # the budget is judged as it goes, not spent
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("source", [(10, 4, 0.5, 1234), (27, 3, 2.0, 1234)])
+def test_a_nearly_periodic_chain_gets_its_stationary_distribution_from_the_lazy_chain(source):
+    """These chains never settle under the plain iteration (one swings between two distributions
+    for ever; they ran 100,000 steps and failed): the lazy chain (P + I) / 2 has the same stationary
+    distribution and settles in a few hundred steps."""
+    markov = MarkovSource(*source)
+    pi, (v, k) = markov.stationary, (markov.vocab_size, markov.order)
+    moved = (pi[:, None] * markov.transitions).reshape(v, v ** (k - 1) * v).sum(axis=0)
+    assert pi.min() >= 0 and pi.sum() == pytest.approx(1.0)
+    assert np.abs(moved - pi).sum() < 1e-12  # stationary under the chain itself, not only the lazy one
+
+
+def test_the_default_sources_are_bit_for_bit_what_they_were():
+    """The data of the configs in conf/ (the default source; the stationary distribution the
+    plain iteration found before the lazy chain and the budget were added), by digest."""
+    import hashlib
+
+    dm = MarkovTextDataModule(num_train_blocks=512, num_val_blocks=64, num_test_blocks=64)
+    dm.setup()
+    digest = hashlib.sha256(dm.source.stationary.tobytes())
+    for tensors in (dm.train_tensors, dm.eval_tensors, dm.test_tensors):
+        for t in tensors:
+            digest.update(t.numpy().tobytes())
+    assert digest.hexdigest()[:16] == "3dc147ccf7f20541"  # computed with the code before the budget

@@ -32,6 +32,11 @@ from lightning_cocod.data.base import InMemoryDataModule, is_int, require
 
 # Characters for the token ids, most of them letters, so that samples print as text-like strings.
 ALPHABET = " etaoinshrdlcumwfgypbvkjxqz0123456789.,;:!?'-()ETAOINSHRDLCUMWFGYPBVKJXQZ"
+_MAX_POWER = 22  # 2^23 > 8e6: no vocab_size (>= 2) has a table within the bound past order 21
+# The stationary distribution: converged when a step moves it by less than _TOLERANCE (L1). A step
+# costs V^(k+1) multiply-adds: a chain that would need more than _MAX_WORK of them (a fraction of a
+# second on one core) is refused, judged every _WINDOW steps, rather than iterated for minutes.
+_TOLERANCE, _MAX_WORK, _WINDOW = 1e-13, 200_000_000, 50
 
 
 class MarkovSource:
@@ -55,15 +60,19 @@ class MarkovSource:
         )
         require(is_int(order) and 1 <= order, owner, "order", order, "an int >= 1")
         # V^k rows of V float64s: past ~64 MB the tables, not the network, would be the problem.
+        # Bounded first by 2^(order+1) <= 8e6 (V >= 2): order=10**8 would make V^(order+1) a Python
+        # integer of millions of digits, computed for minutes before it could be compared.
         require(
-            vocab_size ** (order + 1) <= 8_000_000,
+            order + 1 <= _MAX_POWER and vocab_size ** (order + 1) <= 8_000_000,
             owner,
             "order",
             order,
             f"an order with vocab_size^(order+1) <= 8e6 ({vocab_size}^{order + 1} is more)",
         )
         ok = isinstance(concentration, (int, float)) and not isinstance(concentration, bool)
-        require(ok and concentration > 0, owner, "concentration", concentration, "a positive number")
+        # inf makes every Dirichlet draw inf, and its rows NaN: finite, or no distribution at all.
+        ok = ok and math.isfinite(concentration) and concentration > 0
+        require(ok, owner, "concentration", concentration, "a positive number (finite)")
         require(is_int(seed) and seed >= 0, owner, "seed", seed, "an integer >= 0")
         self.vocab_size, self.order, self.seed = vocab_size, order, seed
         self.concentration = float(concentration)
@@ -81,16 +90,49 @@ class MarkovSource:
         self.conditional_entropies = self._conditional_entropies()
 
     def _stationary(self) -> np.ndarray:
-        """The chain's stationary distribution over contexts, by power iteration."""
+        """The chain's stationary distribution over contexts, by power iteration.
+
+        The plain iteration first: it is what every source drawn so far was computed with, so their
+        data stays bit for bit what it was. It never settles on a chain that is (nearly) periodic,
+        as small concentrations can draw: then the lazy chain (P + I) / 2, which has the same
+        stationary distribution and is aperiodic. A chain that mixes too slowly even so (below
+        about concentration 2 some seeds draw nearly closed cycles of contexts, mixing over
+        thousands to millions of steps) is refused naming the concentration as soon as the rate of
+        the last _WINDOW steps says that the budget will not do: in a fraction of a second, not a
+        minute.
+        """
         v, k = self.vocab_size, self.order
+        max_steps = max(_MAX_WORK // v ** (k + 1), 2 * _WINDOW)
         pi = np.full(v**k, 1.0 / v**k)
-        for _ in range(100_000):
+        lazy, since = False, (0, math.inf)  # the step and the gap at the start of this window
+        for step in range(max_steps):
             # Context (c_1..c_k) and next symbol x lead to context (c_2..c_k, x): summing over c_1.
             nxt = (pi[:, None] * self.transitions).reshape(v, v ** (k - 1) * v).sum(axis=0)
-            if np.abs(nxt - pi).sum() < 1e-13:
+            if lazy:
+                nxt = (nxt + pi) / 2
+            gap = np.abs(nxt - pi).sum()
+            if gap < _TOLERANCE:
                 return nxt / nxt.sum()
+            if step - since[0] == _WINDOW:
+                rate = (gap / since[1]) ** (1 / _WINDOW)  # per step, over the window
+                needed = math.log(_TOLERANCE / gap) / math.log(rate) if rate < 1 else math.inf
+                if needed > max_steps - step:
+                    if lazy:
+                        break
+                    lazy = True
+                since = (step, gap)
+            elif step == 0:
+                since = (0, gap)
             pi = nxt
-        raise RuntimeError(f"MarkovSource(seed={self.seed}): the stationary distribution did not converge")
+        require(
+            False,
+            "MarkovSource",
+            "concentration",
+            self.concentration,
+            f"one whose chain mixes within {max_steps} steps, e.g. the default 8.0 (with vocab_size="
+            f"{v}, order={k}, seed={self.seed} this one's does not)",
+        )
+        raise AssertionError("unreachable")  # require raised
 
     def _conditional_entropies(self) -> list[float]:
         """``H_j = H(X | j previous symbols)`` in nats under stationarity, for j = 0..order."""
@@ -170,6 +212,9 @@ class MarkovTextDataModule(InMemoryDataModule):
         source_seed: int = 1234,
     ) -> None:
         owner = "MarkovTextDataModule"
+        # order's own check before block_size is compared with it: order="3" or None would fail the
+        # comparison with a TypeError naming neither.
+        require(is_int(order) and 1 <= order, owner, "order", order, "an int >= 1")
         require(
             is_int(block_size) and block_size >= order,
             owner,
