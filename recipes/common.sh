@@ -1,5 +1,65 @@
-# Shared by the recipe scripts (sourced, not run). Each recipe sets EXPERIMENT and calls launch.
+# Shared by the recipe scripts (sourced, not run). Every recipe sets its own defaults, then sources
+# this file, which checks the environment variables (check_env) before anything runs; the paper
+# recipes (resnet18_cifar10.sh, vgg16_cifar100.sh) then set EXPERIMENT and call launch.
 #
+# Every variable a recipe reads is checked here, in one place, and a bad one is refused by name in
+# one line (exit 2) before any command runs: a word where a number goes was a study run for real
+# (DRY_RUN=true ran it, only the exact 1 printed), a '*' was expanded to the folder's file names,
+# a blank WORKERS ran no sweep and exited 0. Unset and empty are the same: the default.
+# Accepted (recipes/README.md says the same):
+#   DRY_RUN, HETERO   0 or 1
+#   SEEDS             whole numbers from 0 to 4294967295, comma-separated: 0,1,2
+#   TAUS              periods from 1 to 99999 or auto, comma-separated: 2,8,16
+#   WORKERS           counts from 1 to 99999, separated by commas or single spaces: 4,8 or "4 8"
+#   NNODES, NPROC     a count from 1 to 99999;  MAX_RESTARTS  a count from 0 to 99999
+#   RATE              a tc rate: a number and kbit, mbit or gbit: 100mbit
+#   SLOWDOWN          a list of positive factors: [1,1,2,2]
+#   RUN_ID            letters, digits and _ . + - (at most 100, not starting with . + -)
+#   OUT_ROOT          a path of letters, digits and _ . / + - (not starting with -)
+#   HEAD              a host name or address: letters, digits, . and -
+
+refuse() {  # refuse NAME ACCEPTED: the one line, then exit before anything ran
+  printf '%s: %s=%q is invalid; accepted: %s\n' "${0##*/}" "$1" "${!1}" "$2" >&2
+  exit 2
+}
+
+check_env() {
+  local count='[1-9][0-9]{0,4}' seed='(0|[1-9][0-9]{0,9})' factor='([0-9]+(\.[0-9]*)?|\.[0-9]+)' f
+  local name
+  for name in DRY_RUN HETERO; do
+    [[ -z "${!name:-}" || "${!name}" == 0 || "${!name}" == 1 ]] || refuse "$name" "0 or 1"
+  done
+  if [[ -n "${SEEDS:-}" ]]; then
+    [[ "$SEEDS" =~ ^$seed(,$seed)*$ ]] || refuse SEEDS "whole numbers from 0 to 4294967295, comma-separated (0,1,2)"
+    for f in ${SEEDS//,/ }; do  # digits and commas only by now: nothing to expand
+      ((f <= 4294967295)) || refuse SEEDS "whole numbers from 0 to 4294967295, comma-separated (0,1,2)"
+    done
+  fi
+  [[ -z "${TAUS:-}" || "$TAUS" =~ ^($count|auto)(,($count|auto))*$ ]] ||
+    refuse TAUS "periods from 1 to 99999 or auto, comma-separated (2,8,16)"
+  [[ -z "${WORKERS:-}" || "$WORKERS" =~ ^$count([, ]$count)*$ ]] ||
+    refuse WORKERS "worker counts from 1 to 99999, separated by commas or single spaces (4,8)"
+  for name in NNODES NPROC; do
+    [[ -z "${!name:-}" || "${!name}" =~ ^$count$ ]] || refuse "$name" "a count from 1 to 99999"
+  done
+  [[ -z "${MAX_RESTARTS:-}" || "$MAX_RESTARTS" =~ ^(0|$count)$ ]] || refuse MAX_RESTARTS "a count from 0 to 99999"
+  [[ -z "${RATE:-}" || "$RATE" =~ ^$factor(kbit|mbit|gbit)$ ]] ||
+    refuse RATE "a tc rate: a number and kbit, mbit or gbit (100mbit)"
+  if [[ -n "${SLOWDOWN:-}" ]]; then
+    [[ "$SLOWDOWN" =~ ^\[$factor(,$factor)*\]$ ]] || refuse SLOWDOWN "a list of positive factors ([1,1,2,2])"
+    for f in ${SLOWDOWN//[\[\],]/ }; do
+      [[ ! "$f" =~ ^[0.]+$ ]] || refuse SLOWDOWN "a list of positive factors ([1,1,2,2])"
+    done
+  fi
+  [[ -z "${RUN_ID:-}" || "$RUN_ID" =~ ^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}$ ]] ||
+    refuse RUN_ID "letters, digits and _ . + -, at most 100, not starting with . + -"
+  [[ -z "${OUT_ROOT:-}" || "$OUT_ROOT" =~ ^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$ ]] ||
+    refuse OUT_ROOT "a path of letters, digits and _ . / + -, not starting with -"
+  [[ -z "${HEAD:-}" || "$HEAD" =~ ^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$ ]] ||
+    refuse HEAD "a host name or address: letters, digits, . and -"
+}
+check_env
+
 # Two sweeps per recipe, each a Hydra multirun whose jobs run one after another:
 #   methods: S-SGD, Pipe-SGD, Local-SGD and CoCoD-SGD at their configured tau (4), seeds 0 1 2;
 #   tau:     Local-SGD and CoCoD-SGD at tau 2, 8, 16, seed 0 (speedup against tau, over the
@@ -31,7 +91,7 @@ if [[ "${HETERO:-0}" == 1 ]]; then
   )
 fi
 
-run() {
+run() {  # DRY_RUN is 0 or 1 by now (check_env)
   if [[ "${DRY_RUN:-0}" == 1 ]]; then
     printf '%q ' "$@"
     printf '\n'

@@ -25,8 +25,8 @@ SEEDS=${SEEDS:-0,1,2}
 WORKERS=${WORKERS:-4,8}
 TAUS=${TAUS:-1,2,4,16}
 GROUP=mnist1d-$RUN_ID  # the study's own group: its speedups are over its own S-SGD runs
-run() { if [[ "${DRY_RUN:-0}" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi; }
-common=(experiment=mnist1d out_root="$OUT_ROOT" group="$GROUP" launcher.devices="$WORKERS" seed="$SEEDS")
+source "$(dirname "$0")/common.sh"  # checks every variable above (and DRY_RUN); run()
+common=(experiment=mnist1d out_root="$OUT_ROOT" group="$GROUP" launcher.devices="${WORKERS// /,}" seed="$SEEDS")
 run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-methods" "$@" \
   strategy=ssgd,pipe_sgd,local_sgd,cocod tau="$TAUS"
 run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-auto" "$@" strategy=cocod tau=auto

@@ -10,12 +10,14 @@ OUT_ROOT=${OUT_ROOT:-outputs}
 SEEDS=${SEEDS:-0,1,2}
 WORKERS=${WORKERS:-4 8}
 RATE=${RATE:-100mbit}  # per worker, each way
-
-run() { if [[ "${DRY_RUN:-0}" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi; }
+# The checks of every variable above and the commands' runner (DRY_RUN) are common.sh's. This file
+# is itself sourced: BASH_SOURCE, not $0, is where it lies.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 shaped_study() {
-  local workers sweep overrides common
-  for workers in ${WORKERS//,/ }; do
+  local workers sweep overrides common counts
+  IFS=', ' read -r -a counts <<<"$WORKERS"  # split, never glob-expanded (check_env: counts only)
+  for workers in "${counts[@]}"; do
     common=(experiment="$EXPERIMENT" launcher.rate="$RATE" launcher.topology=pernode out_root="$OUT_ROOT"
       group="$GROUP" launcher.devices="$workers" seed="$SEEDS")
     run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-base" "$@" \

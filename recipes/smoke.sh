@@ -6,6 +6,6 @@
 set -euo pipefail
 RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
 OUT_ROOT=${OUT_ROOT:-outputs}
-run() { if [[ "${DRY_RUN:-0}" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi; }
+source "$(dirname "$0")/common.sh"  # checks RUN_ID, OUT_ROOT and DRY_RUN; run()
 run cocod-train --multirun experiment=smoke run_id="$RUN_ID" out_root="$OUT_ROOT" "$@" strategy=ssgd,pipe_sgd,local_sgd,cocod
 run cocod-report "$OUT_ROOT/smoke/$RUN_ID"

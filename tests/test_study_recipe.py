@@ -8,6 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from lightning_cocod.app.checks import method_of
@@ -111,3 +112,80 @@ def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_pa
         "cocod-tauauto-progress2-w2-s0",
         "cocod-tauauto-progress2-tau_max2-w2-s0",
     ]
+
+
+def _recipe(
+    recipe: str, tmp_path: Path, env: dict[str, str], *args: str
+) -> tuple[subprocess.CompletedProcess, str]:
+    """Runs ``recipes/<recipe>`` for real (no DRY_RUN unless ``env`` sets one) with every program a
+    recipe starts replaced by one that notes its command line: (the process, what ran)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    for name in ("cocod-train", "cocod-report", "torchrun", "sbatch"):
+        (fake / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "$RAN"\n')
+        (fake / name).chmod(0o755)
+    (tmp_path / "README.md").write_text("a file for a '*' to expand to\n")
+    ran = tmp_path / "ran.txt"
+    base = {k: v for k, v in os.environ.items() if k not in _RECIPE_VARIABLES}
+    done = subprocess.run(
+        ["bash", str(REPO / "recipes" / recipe), *args],
+        cwd=tmp_path,
+        env={**base, "PATH": f"{fake}:{os.environ['PATH']}", "RAN": str(ran), "RUN_ID": "r1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    return done, ran.read_text() if ran.exists() else ""
+
+
+_RECIPE_VARIABLES = ("DRY_RUN", "HETERO", "SEEDS", "TAUS", "WORKERS", "NNODES", "NPROC", "MAX_RESTARTS")
+_RECIPE_VARIABLES += ("RATE", "SLOWDOWN", "RUN_ID", "OUT_ROOT", "HEAD")
+
+
+def test_the_recipes_run_their_commands_for_real_without_dry_run(tmp_path):
+    """What the refusals below are measured against: with good variables the stand-in programs
+    do run (so "nothing ran" there means something)."""
+    done, ran = _recipe("time_to_accuracy.sh", tmp_path, {"WORKERS": "4,8", "DRY_RUN": "0"})
+    assert done.returncode == 0, done.stderr
+    assert ran.count("cocod-train") == 6 and ran.count("cocod-report") == 1
+    assert "launcher.devices=4 " in ran and "launcher.devices=8 " in ran
+    (tmp_path / "m").mkdir()
+    done, ran = _recipe("mnist1d_study.sh", tmp_path / "m", {"WORKERS": "4 8"})
+    assert done.returncode == 0, done.stderr
+    assert "launcher.devices=4,8 " in ran  # one Hydra sweep over both counts
+
+
+@pytest.mark.parametrize(
+    "recipe, name, value",
+    [
+        *(("mnist1d_study.sh", "DRY_RUN", v) for v in ("true", "yes", "TRUE", " 1", "01", "2")),
+        ("time_to_accuracy.sh", "DRY_RUN", "true"),
+        ("smoke.sh", "DRY_RUN", "yes"),
+        ("resnet18_cifar10.sh", "DRY_RUN", "1 "),
+        *(("time_to_accuracy.sh", "WORKERS", v) for v in ("*", " ", "4,,8", "0", "4 *")),
+        *(("mnist1d_study.sh", "WORKERS", v) for v in ("*", " ", "-1")),
+        ("gpt_study.sh", "WORKERS", "?"),
+        *(("mnist1d_study.sh", "SEEDS", v) for v in ("a", "1-2", "-1", "0,", "4294967296", "00")),
+        *(("mnist1d_study.sh", "TAUS", v) for v in ("0", "x", "2 8", "*")),
+        *(("gpt_study.sh", "RATE", v) for v in ("100", "fast", "100 mbit")),
+        *(("resnet18_cifar10.sh", "SLOWDOWN", v) for v in ("[0,1]", "1,2", "[1,*]")),
+        ("resnet18_cifar10.sh", "HETERO", "true"),
+        *(("smoke.sh", "RUN_ID", v) for v in ("a b", "x,y", "../up", "*")),
+        *(("smoke.sh", "OUT_ROOT", v) for v in ("a,b", "-x", "a b", "out/*")),
+        ("resnet18_cifar10.sh", "NNODES", "0"),
+        ("resnet18_cifar10.sh", "NPROC", "two"),
+        ("resnet18_cifar10.sh", "MAX_RESTARTS", "-1"),
+        ("resnet18_cifar10.sh", "HEAD", "a;b"),
+    ],
+)
+def test_a_bad_recipe_variable_is_refused_by_name_before_anything_runs(tmp_path, recipe, name, value):
+    """DRY_RUN=true ran the study for real (only the exact 1 dry-ran), WORKERS='*' became
+    launcher.devices=README.md, a blank WORKERS ran no sweep and exited 0: each is refused in one
+    line naming the variable and what is accepted, and no command runs."""
+    args = ["torchrun"] if recipe == "resnet18_cifar10.sh" else []
+    done, ran = _recipe(recipe, tmp_path, {"HEAD": "node01", name: value}, *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert ran == "" and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"{recipe}: {name}=") and " is invalid; accepted: " in line
