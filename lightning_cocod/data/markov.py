@@ -92,14 +92,14 @@ class MarkovSource:
     def _stationary(self) -> np.ndarray:
         """The chain's stationary distribution over contexts, by power iteration.
 
-        The plain iteration first: it is what every source drawn so far was computed with, so their
-        data stays bit for bit what it was. It never settles on a chain that is (nearly) periodic,
-        as small concentrations can draw: then the lazy chain (P + I) / 2, which has the same
-        stationary distribution and is aperiodic. A chain that mixes too slowly even so (below
-        about concentration 2 some seeds draw nearly closed cycles of contexts, mixing over
-        thousands to millions of steps) is refused naming the concentration as soon as the rate of
-        the last _WINDOW steps says that the budget will not do: in a fraction of a second, not a
-        minute.
+        The plain iteration first: it is what the sources were always computed with, so the data
+        of every one it settles within the budget (the defaults, conf/'s, the tests') stays bit for
+        bit what it was. It never settles on a chain that is (nearly) periodic, as concentrations
+        of a few units and below can draw for some seeds: then the lazy chain (P + I) / 2, which has
+        the same stationary distribution and is aperiodic. A chain that mixes too slowly even so
+        (concentration 1e-3 draws nearly closed cycles of contexts, mixing over millions of steps)
+        is refused naming the concentration as soon as the rate over the last _WINDOW steps says
+        that the budget will not do: in a fraction of a second, not after a minute.
         """
         v, k = self.vocab_size, self.order
         max_steps = max(_MAX_WORK // v ** (k + 1), 2 * _WINDOW)
@@ -124,15 +124,11 @@ class MarkovSource:
             elif step == 0:
                 since = (0, gap)
             pi = nxt
-        require(
-            False,
-            "MarkovSource",
-            "concentration",
-            self.concentration,
-            f"one whose chain mixes within {max_steps} steps, e.g. the default 8.0 (with vocab_size="
-            f"{v}, order={k}, seed={self.seed} this one's does not)",
+        raise ValueError(  # require's one line: the argument that chose this chain
+            f"MarkovSource: concentration={self.concentration!r} is invalid; accepted: one whose chain "
+            f"mixes within {max_steps} steps, e.g. the default 8.0 (with vocab_size={v}, order={k}, "
+            f"seed={self.seed} this one's does not)"
         )
-        raise AssertionError("unreachable")  # require raised
 
     def _conditional_entropies(self) -> list[float]:
         """``H_j = H(X | j previous symbols)`` in nats under stationarity, for j = 0..order."""
