@@ -619,6 +619,12 @@ def test_runs_judged_by_different_goals_share_no_row_target_or_speedup(tmp_path,
         ("seconds", -1e308, "timeline point 1: seconds -1e+308 is not a number in [0, 1e+100]"),
         ("test_acc", -1e308, "test_acc -1e+308 is not a fraction in [0, 1]"),
         ("steady_step_seconds", -1e308, "steady_step_seconds -1e+308 is not a number in [0, 1e+100]"),
+        ("tau", 0, "tau 0 is not a count in [1, 1e+09]"),  # no place on the plots' log axis
+        (
+            "workers",
+            10**400,
+            f"workers {str(10**400)[:40]}... is not a count in [1, 1e+09]",
+        ),  # past a float's range
     ],
 )
 def test_a_record_with_an_absurd_figure_costs_only_itself_and_the_group_is_reported(

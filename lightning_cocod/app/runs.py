@@ -78,11 +78,23 @@ _FRACTION, _SIZE = (0.0, 1.0, "a fraction in [0, 1]"), (0.0, _HUGE, f"a number i
 _RANGES = {"test_acc": _FRACTION, "target_accuracy": _FRACTION}
 _RANGES |= dict.fromkeys(("steady_step_seconds", "time_to_target_seconds", "bytes_sent_per_round"), _SIZE)
 _RANGES |= dict.fromkeys(("codec_seconds", "speedup_vs_ssgd"), _SIZE)
+# Counts too: the plots put tau and the workers on a log axis (0 has no place there, and an integer
+# past a float's range stops matplotlib); seeds in numpy's range, as the app's preflight asks.
+_COUNT = 10**9
+_RANGES |= dict.fromkeys(("tau", "tau_max", "workers"), (1, _COUNT, f"a count in [1, {_COUNT:g}]"))
+_RANGES |= {"rounds": (0, _COUNT, f"a count in [0, {_COUNT:g}]"), "seed": (0, 2**32 - 1, "in [0, 2^32 - 1]")}
 _POINT = {"seconds": _SIZE, "accuracy": _FRACTION, "loss": _SIZE}  # a timeline point's (loss: or null)
 
 
+def _shown(value: object) -> str:
+    text = repr(value)  # a 400-digit integer is named by its start: the line stays one line
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def _outside(value: object, bounds: tuple[float, float, str]) -> bool:
-    return value is not None and not bounds[0] <= value <= bounds[1]  # type: ignore[operator]  # numbers here
+    if value is None or isinstance(value, str):  # null, or tau="auto": the type check let it through
+        return False
+    return not bounds[0] <= value <= bounds[1]  # type: ignore[operator]  # numbers by now
 
 
 def _wrong(value: object, kinds: tuple[type, ...]) -> bool:
@@ -120,11 +132,11 @@ def _problem(record: object) -> str | None:
         return "timeline is not a list of {seconds, accuracy[, loss]} points"
     for key, bounds in _RANGES.items():
         if _outside(record.get(key), bounds):
-            return f"{key} {record.get(key)!r} is not {bounds[2]}"
+            return f"{key} {_shown(record.get(key))} is not {bounds[2]}"
     for i, point in enumerate(points):
         for key, bounds in _POINT.items():
             if _outside(point.get(key), bounds):
-                return f"timeline point {i}: {key} {point.get(key)!r} is not {bounds[2]}"
+                return f"timeline point {i}: {key} {_shown(point.get(key))} is not {bounds[2]}"
     history = record.get("tau_history") or []
     if not isinstance(history, list) or not all(
         isinstance(e, list) and len(e) == 2 and not any(_wrong(v, (int,)) for v in e) for e in history
