@@ -45,6 +45,8 @@ class MarkovSource:
     A context is the index ``c_1 V^{k-1} + ... + c_k`` of its symbols, oldest first; ``transitions``
     is ``(V^k, V)``. ``concentration`` is the Dirichlet's total mass around its parent row: smaller
     values make each context more decisive (a lower entropy rate, larger steps between orders).
+    Small enough ones (1e-3) can draw a chain that mixes too slowly for its stationary distribution
+    to be computed: refused naming ``concentration``, in a fraction of a second (``_stationary``).
     """
 
     def __init__(
