@@ -13,7 +13,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from pytorch_lightning.strategies import Strategy
 
-from lightning_cocod.app.checks import ConfigError, check
+from lightning_cocod._errors import ConfigError
+from lightning_cocod.app.checks import check
 from lightning_cocod.app.files import resume_checkpoint
 from lightning_cocod.app.identity import world_size
 from lightning_cocod.app.preflight import config_dir, job_overrides, run_order

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_cocod.app.checks import ConfigError, method_of
+from lightning_cocod._errors import ConfigError
+from lightning_cocod.app.checks import method_of
 from lightning_cocod.data.markov import MarkovTextDataModule
 from tests.helpers.app import preflight, recipe_jobs
 
