@@ -79,6 +79,14 @@ def check(cfg: DictConfig) -> None:
             "a fraction of an epoch in (0, 1] (0.25: four validations an epoch) or a number of batches >= 1"
         )
         raise bad("trainer.val_check_interval", interval, accepted)
+    # Without epochs to count in, a fraction of one means nothing: the Trainer refuses it as every
+    # worker builds its own, after the workers have started.
+    if isinstance(interval, float) and cfg.trainer.check_val_every_n_epoch is None:
+        accepted = (
+            "a number of batches >= 1 (counted over the whole run) with trainer.check_val_every_n_epoch=null; "
+            "a fraction of an epoch needs check_val_every_n_epoch, e.g. 1"
+        )
+        raise bad("trainer.val_check_interval", interval, accepted)
     if cfg.progress_every_s < 0:
         raise bad("progress_every_s", cfg.progress_every_s, "seconds between progress lines, >= 0 (0: none)")
     method = method_of(cfg.strategy)
@@ -212,7 +220,9 @@ def _check_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    check_module(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
+    model = _build("model", instantiate, cfg.model, **stand_in)
+    check_module(cfg.model._target_, model)
+    _check_model_data(cfg, model, built["data"])
     _check_data(cfg, built["data"])
     check_own_batch(cfg, built["data"])
 
@@ -286,7 +296,44 @@ def _even_eval(samples: int, workers: int, batch: int) -> bool:
     return samples // workers >= max(1, math.ceil(math.ceil(samples / workers) / batch))
 
 
+def _check_model_data(cfg: DictConfig, model: Any, data: Any) -> None:
+    """The package's GPT against its data: token ids its embedding holds, in blocks its positions
+    cover. Otherwise each worker fails at its first batch (an IndexError in the embedding, a block
+    longer than the positions, an embedding of float images)."""
+    from lightning_cocod.models.gpt import GPTModule
+
+    if not isinstance(model, GPTModule):
+        return
+    vocab, length = getattr(data, "vocab_size", None), getattr(data, "block_size", None)
+    if vocab is None or length is None:
+        if own_data(cfg.data):
+            return  # a module of the user's own that does not say its vocabulary: its batches tell
+        accepted = (
+            f"token data for {type(model).__name__} (model=gpt): data=markov, or a module of your own; "
+            f"{type(data).__name__} gives no token ids"
+        )
+        raise bad("data._target_", cfg.data._target_, accepted)
+    if model.net.tok.num_embeddings < vocab:
+        accepted = f"at least {vocab}, the data's vocabulary (data.vocab_size, which the default follows)"
+        raise bad("model.vocab_size", model.net.tok.num_embeddings, accepted)
+    if model.net.block_size < length:  # a shorter block is fine: its positions are a prefix
+        accepted = f"at least {length}, the data's block length (data.block_size, which the default follows)"
+        raise bad("model.block_size", model.net.block_size, accepted)
+
+
+def _train_batches(cfg: DictConfig, samples: int, workers: int) -> int:
+    """The training batches of an epoch on each rank: the sharded sampler's whole global batches,
+    within the Trainer's limit_train_batches (its rule: a count, or a fraction rounded down)."""
+    batches = samples // (cfg.data.batch_size * workers)
+    limit = cfg.trainer.get("limit_train_batches")
+    if isinstance(limit, float):
+        return int(batches * limit)
+    return batches if limit is None else min(batches, limit)
+
+
 def _check_data(cfg: DictConfig, data: Any) -> None:
+    from lightning_cocod.data.base import InMemoryDataModule
+
     workers = cfg.launcher.devices * cfg.launcher.num_nodes
     samples = getattr(data, "num_train_samples", None)
     if samples is not None and cfg.data.batch_size * workers > samples:
@@ -295,6 +342,24 @@ def _check_data(cfg: DictConfig, data: Any) -> None:
             f"workers must fit in the {samples} training samples)"
         )
         raise bad("data.batch_size", cfg.data.batch_size, accepted)
+    # The Trainer refuses a validation interval longer than an epoch as each worker's first epoch
+    # starts, when epochs are what it validates in. The package's modules' epochs are known here.
+    interval = cfg.trainer.val_check_interval
+    if (
+        isinstance(data, InMemoryDataModule)
+        and samples is not None
+        and _positive_int(interval)
+        and cfg.trainer.check_val_every_n_epoch is not None
+        and cfg.trainer.get("limit_val_batches", 1.0) != 0
+    ):
+        batches = _train_batches(cfg, samples, workers)
+        if interval > batches:
+            accepted = (
+                f"at most {batches}, the training batches of an epoch on each of the {workers} workers "
+                f"({samples} samples in global batches of {cfg.data.batch_size} x {workers}), a fraction "
+                "of an epoch in (0, 1], or a count over the whole run with trainer.check_val_every_n_epoch=null"
+            )
+            raise bad("trainer.val_check_interval", interval, accepted)
     samples, batch = getattr(data, "num_eval_samples", None), getattr(data, "eval_batch_size", None)
     if isinstance(samples, int) and isinstance(batch, int) and not _even_eval(samples, workers, batch):
         # A multiple of workers x batch always qualifies: the search ends.
