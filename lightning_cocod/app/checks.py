@@ -4,7 +4,8 @@ The keys and their types are the schema's (``schema``), which OmegaConf checks w
 composes. Ranges are the constructors': ``check`` builds the strategy, datamodule, callbacks and
 the model around a stand-in network once, and says the first one's error as ``<key>: <its
 message>``. What remains here is what no constructor can know: names that become folders, the
-arithmetic of the world size, the files.
+arithmetic of the world size (a global batch, an epoch's batches on each rank), whether the model
+fits the data, the files.
 """
 
 from __future__ import annotations
