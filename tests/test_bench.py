@@ -266,7 +266,7 @@ def test_tau_max_bounds_every_cocod_auto_method_and_names_itself(monkeypatch, tm
         runs = [spec for spec in sent if spec["method"] == "cocod"]
         assert len(runs) == 1 and runs[0]["tau"] == "auto"
         assert runs[0].get("tau_max") == (64 if argv else None)
-        # What plan.validate predicts the run with.
+        # What plan_check.validate predicts the run with.
         assert figures["methods"][name][str(300_000_000)]["tau_max"] == bound
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from lightning_cocod import CheckpointError, CoCoDStrategy
-from lightning_cocod.app.checks import ConfigError
+from lightning_cocod._errors import ConfigError
 from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
 from lightning_cocod.strategies.checkpointing import (
     DIGEST_SUFFIX,

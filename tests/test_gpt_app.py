@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_cocod.app.checks import ConfigError, method_of
+from lightning_cocod._errors import ConfigError
+from lightning_cocod.app.checks import method_of
 from lightning_cocod.data.markov import MarkovTextDataModule
 from tests.helpers.app import preflight, recipe_jobs
 
@@ -31,6 +32,79 @@ def test_the_gpt_experiments_pass_the_app_s_checks():
         preflight(["experiment=gpt_smoke", "model.n_embd=30", "model.n_head=4"])
     with pytest.raises(ConfigError, match=r"^data: MarkovTextDataModule: block_size=2 is invalid"):
         preflight(["experiment=gpt_smoke", "data.block_size=2"])
+
+
+# What each worker died of 15-22 s after it started (a Trainer's or torch's error at the first
+# epoch or batch), now refused by cocod-train before any starts.
+REFUSED_BEFORE_THE_WORKERS = {
+    # Lightning: "val_check_interval must be <= the number of training batches" (100 a rank here).
+    ("experiment=gpt_smoke", "trainer.val_check_interval=100000"): (
+        "trainer.val_check_interval=100000 is invalid; accepted: at most 100, the training batches of an "
+        "epoch on each of the 2 workers (3200 samples in global batches of 16 x 2)"
+    ),
+    # Lightning: a float val_check_interval needs check_val_every_n_epoch.
+    ("experiment=gpt_smoke", "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=0.5"): (
+        "trainer.val_check_interval=0.5 is invalid; accepted: a number of batches >= 1 (counted over the "
+        "whole run) with trainer.check_val_every_n_epoch=null"
+    ),
+    # torch: an IndexError in the embedding, at the first id >= 10.
+    ("experiment=gpt_smoke", "model.vocab_size=10"): (
+        "model.vocab_size=10 is invalid; accepted: at least 27, the data's vocabulary (data.vocab_size"
+    ),
+    # The GPT: a sequence of 32 tokens is longer than block_size=16.
+    ("experiment=gpt_smoke", "model.block_size=16"): (
+        "model.block_size=16 is invalid; accepted: at least 32, the data's block length (data.block_size"
+    ),
+    # torch: an embedding of float images.
+    ("model=gpt", "data=synthetic", "optimizer=adamw"): (
+        "data._target_='lightning_cocod.data.SyntheticDataModule' is invalid; accepted: token data for "
+        "GPTModule (model=gpt): data=markov, or a module of your own; SyntheticDataModule gives no token ids"
+    ),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("argv", list(REFUSED_BEFORE_THE_WORKERS), ids=lambda argv: " ".join(argv))
+def test_what_the_workers_would_die_of_is_refused_before_they_start(argv, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_cocod.app.train", *argv, f"out_root={tmp_path}/out"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("cocod-train: error: "), done.stderr
+    assert REFUSED_BEFORE_THE_WORKERS[argv] in lines[0], lines[0]
+    # No run folder (where the workers' logs go) was made, and the launcher never said it started any.
+    assert not (tmp_path / "out").exists() and "starting the workers" not in done.stdout + done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_gpt_s_limits_are_the_data_s_and_an_epoch_s():
+    """The edges of the refusals above pass: an interval of exactly an epoch's batches, a model as
+    large as the data or larger, a count over the whole run without epochs."""
+    preflight(["experiment=gpt_smoke", "trainer.val_check_interval=100"])
+    preflight(["experiment=gpt_smoke", "model.vocab_size=27", "model.block_size=32"])
+    preflight(["experiment=gpt_smoke", "model.vocab_size=40", "model.block_size=64"])
+    preflight(
+        ["experiment=gpt_smoke", "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=500"]
+    )
+    # Three workers: 3200 // (16 x 3) = 66 batches each; a limit on the batches shortens the epoch.
+    with pytest.raises(
+        ConfigError, match=r"^trainer.val_check_interval=67 is invalid; accepted: at most 66, "
+    ):
+        preflight(["experiment=gpt_smoke", "launcher.devices=3", "trainer.val_check_interval=67"])
+    limited = ["experiment=gpt_smoke", "+trainer.limit_train_batches=0.5", "trainer.val_check_interval=51"]
+    with pytest.raises(
+        ConfigError, match=r"^trainer.val_check_interval=51 is invalid; accepted: at most 50, "
+    ):
+        preflight(limited)
+    preflight(["experiment=gpt_smoke", "+trainer.limit_val_batches=0", "trainer.val_check_interval=101"])
 
 
 @pytest.mark.timeout(300)

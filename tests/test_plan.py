@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from lightning_cocod.tools import plan
-from lightning_cocod.tools.plan import (
+from lightning_cocod.tools import costmodel, plan, plan_check
+from lightning_cocod.tools.costmodel import (
     Setting,
     allreduce_seconds,
     auto_period,
@@ -80,7 +80,7 @@ def test_auto_period_is_the_strategys_rule():
     assert auto_period(HAND, tau_max=64) == 8
     # 10 GB/s: T = 6 x 0.2 ms, hiding needs 1 step, but 5 ms of own work needs 5 steps to be 1%.
     assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005), tau_max=64) == 5
-    assert plan.predict(HAND, "cocod", "auto", tau_max=64) == (pytest.approx((0.001 + 0.8) / 8), 8)
+    assert costmodel.predict(HAND, "cocod", "auto", tau_max=64) == (pytest.approx((0.001 + 0.8) / 8), 8)
 
 
 @pytest.mark.timeout(10)
@@ -89,9 +89,9 @@ def test_auto_keeps_to_the_strategys_default_bound_of_two():
     # 0.1 s hide a third of the 0.6012 s all-reduce: (0.001 + 0.6012) / 2 per step.
     assert auto_period(HAND) == 2
     assert auto_period(with_(bandwidth_bps=80_000_000_000, round_seconds=0.005)) == 2
-    assert plan.predict(HAND, "cocod", "auto") == (pytest.approx(0.6022 / 2), 2)
+    assert costmodel.predict(HAND, "cocod", "auto") == (pytest.approx(0.6022 / 2), 2)
     # A bound of 1 passed in: every step pays the whole round, 0.001 + 0.6012.
-    assert plan.predict(HAND, "cocod", "auto", tau_max=1) == (pytest.approx(0.6022), 1)
+    assert costmodel.predict(HAND, "cocod", "auto", tau_max=1) == (pytest.approx(0.6022), 1)
 
 
 @pytest.mark.timeout(10)
@@ -144,10 +144,10 @@ def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
     # The per-node bucket at 80 Mbit/s: 4 ms of the rate, 40 kB. At 80% efficiency the
     # all-reduce is 0.6 ms + (6 MB - 40 kB) / (0.8 x 10 MB/s) = 0.7456 s.
     figures = _bench_figures(0.0006 + 5.96e6 / 8e6)
-    latency, efficiency, how = plan.calibrate(figures)
+    latency, efficiency, how = plan_check.calibrate(figures)
     assert latency == pytest.approx(1e-4) and efficiency == pytest.approx(0.8)
     assert "Local-SGD tau=4" in how and "4 workers" in how
-    rows = {r["method"]: r for r in plan.validate(figures)}
+    rows = {r["method"]: r for r in plan_check.validate(figures)}
     t_ar, round_seconds = 0.7456, 4e6 / 1.5e9  # a CPU worker's round
     assert rows["S-SGD"]["predicted"] == pytest.approx(0.1 + t_ar + 0.0006)
     assert rows["S-SGD"]["error"] == pytest.approx((0.1 + t_ar + 0.0006) / 0.9 - 1)
@@ -157,10 +157,10 @@ def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
     auto = rows["CoCoD-SGD tau=auto"]
     assert auto["period"] == 2 and auto["predicted"] == pytest.approx((round_seconds + 0.7462) / 2)
     # Such runs had the old default, 64: hide 1.2 x 0.7462 / 0.1 -> 9; amortise 2.7 ms / 1 ms -> 3.
-    rows = {r["method"]: r for r in plan.validate(figures, tau_max=64)}
+    rows = {r["method"]: r for r in plan_check.validate(figures, tau_max=64)}
     auto = rows["CoCoD-SGD tau=auto"]
     assert auto["period"] == 9 and auto["predicted"] == pytest.approx((round_seconds + 0.9) / 9)
-    table = plan.validation_table(list(rows.values()))
+    table = plan_check.validation_table(list(rows.values()))
     assert "CoCoD-SGD tau=auto" in table and "9 / 4, 8" in table and "efficiency 0.800" in table
 
 
@@ -169,17 +169,20 @@ def test_validation_predicts_auto_with_the_bound_the_run_recorded():
     figures = _bench_figures(0.0006 + 5.96e6 / 8e6)  # an all-reduce of 0.7462 s, as above
     auto = figures["workers"]["4"]["methods"]["CoCoD-SGD tau=auto"]["80000000"]
     auto["tau_max"] = 64.0  # the median over two passes of 64
-    assert {r["method"]: r["period"] for r in plan.validate(figures)}["CoCoD-SGD tau=auto"] == 9
+    assert {r["method"]: r["period"] for r in plan_check.validate(figures)}["CoCoD-SGD tau=auto"] == 9
     auto["tau_max"] = 2
-    assert {r["method"]: r["period"] for r in plan.validate(figures)}["CoCoD-SGD tau=auto"] == 2
+    assert {r["method"]: r["period"] for r in plan_check.validate(figures)}["CoCoD-SGD tau=auto"] == 2
     with pytest.raises(ValueError, match="recorded tau_max 2, --tau-max 64 contradicts it"):
-        plan.validate(figures, tau_max=64)
+        plan_check.validate(figures, tau_max=64)
 
 
 @pytest.mark.timeout(10)
 def test_without_a_measured_allreduce_the_nominal_efficiency_is_used():
     figures = _bench_figures(None)
-    assert plan.calibrate(figures)[1:] == (plan.EFFICIENCY, "nominal: no Local-SGD all-reduce was measured")
+    assert plan_check.calibrate(figures)[1:] == (
+        costmodel.EFFICIENCY,
+        "nominal: no Local-SGD all-reduce was measured",
+    )
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -318,7 +321,8 @@ def test_a_missing_benchmark_is_named(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_model_imports_no_torch_of_its_own():
-    """Whatever its package imports, plan.py itself adds neither torch nor Lightning nor numpy."""
+    """Whatever its package imports, the command (plan.py, with costmodel.py and plan_check.py) adds
+    neither torch nor Lightning nor numpy."""
     code = (
         "import sys\n"
         "import lightning_cocod.core.adapt, lightning_cocod.launch.cluster, lightning_cocod.launch.netns\n"
@@ -360,8 +364,8 @@ def test_bytes_per_element_are_the_codecs_payloads():
 
     elements = 2048 * 1000  # whole int8 blocks: one fp32 scale each
     for name in ("bf16", "int8"):
-        assert plan.BYTES_PER_ELEMENT[name] == make_codec(name).payload_bytes(elements) / elements
-    assert plan.BYTES_PER_ELEMENT[None] == 4 and plan.BYTES_PER_ELEMENT["int8"] == 1 + 4 / 2048
+        assert costmodel.BYTES_PER_ELEMENT[name] == make_codec(name).payload_bytes(elements) / elements
+    assert costmodel.BYTES_PER_ELEMENT[None] == 4 and costmodel.BYTES_PER_ELEMENT["int8"] == 1 + 4 / 2048
 
 
 # HAND in int8 at 10 ns an element a round: the wire carries 1e6 x (1 + 4/2048) = 1,001,953 bytes,
@@ -371,9 +375,9 @@ INT8_T = 6 * (1e-4 + 1e6 * (1 + 4 / 2048) / 4 / 1e7)
 
 @pytest.mark.timeout(10)
 def test_a_compressed_round_carries_its_codecs_bytes_and_takes_its_codecs_time():
-    int8 = plan.with_codec(HAND, "int8", 10e-9)
+    int8 = costmodel.with_codec(HAND, "int8", 10e-9)
     assert allreduce_seconds(int8) == pytest.approx(INT8_T) and int8.codec_seconds == pytest.approx(0.01)
-    assert allreduce_seconds(plan.with_codec(HAND, "bf16")) == pytest.approx(6 * (1e-4 + 0.05))
+    assert allreduce_seconds(costmodel.with_codec(HAND, "bf16")) == pytest.approx(6 * (1e-4 + 0.05))
     # tau=1: nothing hides the round; tau=2: 0.2 s of compute hide 150.9 + 10 + 0.6 ms.
     assert step_seconds(int8, "cocod", 1) == pytest.approx(0.001 + INT8_T + 0.01 + 0.0006)
     assert step_seconds(int8, "cocod", 2) == pytest.approx((0.001 + 0.2) / 2)
@@ -382,7 +386,7 @@ def test_a_compressed_round_carries_its_codecs_bytes_and_takes_its_codecs_time()
     # needs 2 steps of 0.1 s; fp32's 601.2 ms needs 8.
     assert auto_period(int8, tau_max=64) == 2 and auto_period(HAND, tau_max=64) == 8
     with pytest.raises(ValueError, match="codec 'int4' is not modelled; accepted: None, bf16, fp16, int8"):
-        plan.with_codec(HAND, "int4")
+        costmodel.with_codec(HAND, "int4")
 
 
 @pytest.mark.timeout(10)
@@ -502,8 +506,8 @@ def test_validation_predicts_compressed_runs_with_their_own_codec_time():
             "comm_hook": "powersgd",
         }
     }
-    assert plan.calibrate(figures)[1] == pytest.approx(0.8)
-    rows = {r["method"]: r for r in plan.validate(figures)}
+    assert plan_check.calibrate(figures)[1] == pytest.approx(0.8)
+    rows = {r["method"]: r for r in plan_check.validate(figures)}
     wire = 6 * 1e6 * (1 + 4 / 2048) / 4  # bytes over the 4 links' hops
     t_int8 = 0.0006 + (wire - 40_000) / 8e6
     round_seconds = 4e6 / 1.5e9
@@ -515,6 +519,6 @@ def test_validation_predicts_compressed_runs_with_their_own_codec_time():
         0.1 + 0.0006 + (3e6 - 40_000) / 8e6 + 0.0006
     )
     assert rows["S-SGD +PowerSGD rank 1"]["predicted"] is None
-    table = plan.validation_table(list(rows.values()))
+    table = plan_check.validation_table(list(rows.values()))
     assert "not modelled (powersgd: its bytes follow the layers' shapes)" in table
     assert "1.50 / 1.50" in table and "of 6 step times within 15%" in table

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from lightning_cocod._errors import ConfigError
 from lightning_cocod._files import atomic_write
-from lightning_cocod.app.checks import ConfigError
 from lightning_cocod.app.files import CLAIM, claim_run
 from tests.helpers.app import preflight
 from tests.test_train_app import TINY, run_app

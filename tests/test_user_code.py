@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_cocod.app.checks import ConfigError
+from lightning_cocod._errors import ConfigError
 from tests.helpers.app import preflight, user_module
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,15 +1,11 @@
-"""What a config may hold (its one schema), and what is wrong with one, in one line naming the key
-and what it accepts.
+"""What is wrong with a composed config, in one line naming the key and what it accepts.
 
-The schema gives the keys each node accepts and their types, which OmegaConf checks while Hydra
-composes (``max_epochs=abc``, ``hetero.nope=1`` and ``launcher=torchrun launcher.rate=1gbit`` fail
-there, before anything runs), and ``compose_error`` says their exception in one line. Every field
-is MISSING: the values and their comments are in conf/ (train.yaml, the launcher group), one place
-for each default; a Trainer argument the schema lacks is added with ``+trainer.KEY=...``. Ranges
-are the constructors': ``check`` builds the strategy, datamodule, callbacks and the model around a
-stand-in network once, and says the first one's error as ``<key>: <its message>``. What remains
-here is what no constructor can know: names that become folders, the arithmetic of the world size,
-the files.
+The keys and their types are the schema's (``schema``), which OmegaConf checks while Hydra
+composes. Ranges are the constructors': ``check`` builds the strategy, datamodule, callbacks and
+the model around a stand-in network once, and says the first one's error as ``<key>: <its
+message>``. What remains here is what no constructor can know: names that become folders, the
+arithmetic of the world size (a global batch, an epoch's batches on each rank), whether the model
+fits the data, the files.
 """
 
 from __future__ import annotations
@@ -19,20 +15,18 @@ import math
 import re
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lightning_cocod._errors import ConfigError, bad, first_line
 from lightning_cocod._files import unwritable
+from lightning_cocod.app.schema import APP_TRAINER_KEYS, compose_error
 from lightning_cocod.app.speedup import GOALS
 from lightning_cocod.app.user_code import (
     HYDRA_KEYS,
-    adding_hint,
     arguments_of,
     check_module,
     check_own_batch,
@@ -42,169 +36,7 @@ from lightning_cocod.app.user_code import (
 from lightning_cocod.methods import METHODS, PERIODIC, method_of_class
 
 LAUNCHERS = ("cpu", "gpu", "torchrun", "slurm")  # cpu/gpu start the ranks; torchrun/slurm find them started
-# Trainer arguments the app derives from other keys: the key to set instead.
-APP_TRAINER_KEYS = {
-    "accelerator": "launcher.accelerator",
-    "devices": "launcher.devices (ranks per node)",
-    "num_nodes": "launcher.num_nodes",
-    "strategy": "strategy=... and tau=...",
-    "logger": "logger=...",
-    "callbacks": "the hetero, checkpoint and progress_every_s keys",
-    "default_root_dir": "out_root, name and run_id",
-    "enable_checkpointing": "checkpoint.every_n_epochs, every_n_steps and every_n_minutes",
-}
-# What ``fit.fit_run`` calls on the model, and why.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.=,+-]+$")
-_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-@dataclass
-class Checkpoint:
-    every_n_epochs: int = MISSING
-    every_n_steps: int = MISSING
-    every_n_minutes: float = MISSING
-    resume: str | None = MISSING
-
-
-@dataclass
-class Hetero:
-    proportional: bool = MISSING
-    batch_sizes: list[int] | None = MISSING
-    every_n_epochs: int = MISSING
-    slowdown: list[float] | None = MISSING
-
-
-@dataclass
-class Launcher:
-    """Every launcher's keys: torchrun and slurm find the ranks started, so they take no more."""
-
-    name: str = MISSING
-    accelerator: str = MISSING
-    devices: int = MISSING
-    num_nodes: int = MISSING
-    backend: str | None = MISSING
-    threads_per_worker: int | None = MISSING
-    run_id: str = MISSING
-
-
-@dataclass
-class LocalLauncher(Launcher):
-    """launcher=gpu (and cpu): this command starts the ranks, so it ends them after ``timeout_s``."""
-
-    timeout_s: float = MISSING
-
-
-@dataclass
-class CpuLauncher(LocalLauncher):
-    """CPU workers talk gloo over the loopback, which ``rate`` can shape (GPUs on one node talk NCCL)."""
-
-    rate: str | None = MISSING
-    topology: str = "loopback"
-
-
-@dataclass
-class Trainer:
-    max_epochs: int | None = MISSING
-    max_steps: int = MISSING
-    # Lightning takes 16 or "bf16-mixed", True or "warn": OmegaConf types no such union, so these
-    # two are checked against the Trainer's own annotations (``check``).
-    precision: Any = MISSING
-    log_every_n_steps: int = MISSING
-    check_val_every_n_epoch: int | None = MISSING
-    val_check_interval: Any = MISSING  # a fraction of an epoch or a number of batches
-    num_sanity_val_steps: int = MISSING
-    enable_progress_bar: bool = MISSING
-    enable_model_summary: bool = MISSING
-    deterministic: Any = MISSING
-    benchmark: bool | None = MISSING
-
-
-@dataclass
-class Train:
-    name: str = MISSING
-    group: str = MISSING
-    run_id: str = MISSING
-    out_root: str = MISSING
-    seed: int = MISSING
-    tau: Any = MISSING  # null, a positive integer or "auto": OmegaConf types no union of int and str
-    max_epochs: int | None = MISSING
-    max_steps: int = MISSING
-    target_accuracy: float | None = MISSING
-    judged_by: str = MISSING
-    step_time_warmup: int = MISSING
-    progress_every_s: float = MISSING
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
-    hetero: Hetero = field(default_factory=Hetero)
-    launcher: Launcher = field(default_factory=Launcher)
-    trainer: Trainer = field(default_factory=Trainer)
-    # The groups' nodes: a _target_ and its arguments (checked against its signature), or the
-    # dataset's description.
-    strategy: Any = MISSING
-    model: Any = MISSING
-    optimizer: Any = MISSING
-    data: Any = MISSING
-    dataset: Any = MISSING
-    logger: Any = MISSING
-
-
-# train.yaml and the launcher options name these first in their defaults lists.
-store = ConfigStore.instance()
-store.store(name="train_schema", node=Train)
-store.store(name="launcher_schema_local", node=LocalLauncher)
-store.store(name="launcher_schema_cpu", node=CpuLauncher)
-
-
-def _period(default: Any, *, _root_: DictConfig) -> Any:
-    """A strategy's ``tau``: the top-level ``tau`` when set, else the method's own default
-    (``${period:auto}`` for CoCoD-SGD, ``${period:4}`` for Local-SGD), so one sweep over
-    ``tau`` sets every method's period and a run without it gets each method's default."""
-    return default if _root_.get("tau") is None else _root_.tau
-
-
-OmegaConf.register_new_resolver("period", _period, replace=True)
-
-
-def compose_error(err: Exception) -> str:
-    """What Hydra or OmegaConf refused while composing, in one line."""
-    from hydra.errors import MissingConfigException
-
-    cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
-    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
-        group, _, option = str(err.missing_cfg_file).rpartition("/")
-        return f"{group}={option} is not an option; accepted: {', '.join(err.options or [])}"
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:  # struct mode
-        return unknown_key(cause.full_key, cause.parent_node)
-    if isinstance(cause, ValidationError) and cause.full_key and cause.parent_node is not None:
-        parent = cause.parent_node
-        if isinstance(parent, ListConfig):
-            kind = parent._metadata.element_type
-        else:
-            kind = typing.get_type_hints(OmegaConf.get_type(parent) or dict).get(str(cause.key))
-        if kind is not None:
-            return f"{cause.full_key}={cause.value!r} is invalid; accepted: {_words(kind)}"
-    return first_line(err) + (f" ({first_line(cause)})" if cause is not None and cause is not err else "")
-
-
-def _words(kind: Any) -> str:
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if typing.get_origin(kind) is list:
-        return "a list of " + {int: "integers", float: "numbers"}.get(args[0], "values")
-    if type(None) in typing.get_args(kind):
-        return _words(args[0]) + " or null"
-    return _WORDS.get(kind, str(kind))
-
-
-def unknown_key(key: str, parent: Any) -> str:
-    """A key that struct mode refused: what its node accepts, and the key the user meant."""
-    section, _, name = key.rpartition(".")
-    accepted = ", ".join(sorted(k for k in (parent or {}) if k != "hydra"))
-    if section == "trainer" and name in APP_TRAINER_KEYS:
-        hint = f"; the app sets it from {APP_TRAINER_KEYS[name]}"
-    elif key == "strategy.tau":
-        hint = "; the period of every method that has one is tau=... (S-SGD and Pipe-SGD ignore it)"
-    else:
-        hint = adding_hint(key, parent)
-    return f"unknown key '{key}'; {section or 'the top level'} accepts: {accepted}{hint}"
 
 
 def method_of(strategy: DictConfig) -> str:
@@ -246,6 +78,14 @@ def check(cfg: DictConfig) -> None:
     if not (_positive_int(interval) or (isinstance(interval, float) and 0 < interval <= 1)):
         accepted = (
             "a fraction of an epoch in (0, 1] (0.25: four validations an epoch) or a number of batches >= 1"
+        )
+        raise bad("trainer.val_check_interval", interval, accepted)
+    # Without epochs to count in, a fraction of one means nothing: the Trainer refuses it as every
+    # worker builds its own, after the workers have started.
+    if isinstance(interval, float) and cfg.trainer.check_val_every_n_epoch is None:
+        accepted = (
+            "a number of batches >= 1 (counted over the whole run) with trainer.check_val_every_n_epoch=null; "
+            "a fraction of an epoch needs check_val_every_n_epoch, e.g. 1"
         )
         raise bad("trainer.val_check_interval", interval, accepted)
     if cfg.progress_every_s < 0:
@@ -381,7 +221,9 @@ def _check_objects(cfg: DictConfig) -> None:
         )
     # The real network can be large (VGG16): a one-layer stand-in is enough for the module's checks.
     stand_in = {"net": nn.Linear(1, cfg.dataset.num_classes)} if "net" in cfg.model else {}
-    check_module(cfg.model._target_, _build("model", instantiate, cfg.model, **stand_in))
+    model = _build("model", instantiate, cfg.model, **stand_in)
+    check_module(cfg.model._target_, model)
+    _check_model_data(cfg, model, built["data"])
     _check_data(cfg, built["data"])
     check_own_batch(cfg, built["data"])
 
@@ -455,7 +297,44 @@ def _even_eval(samples: int, workers: int, batch: int) -> bool:
     return samples // workers >= max(1, math.ceil(math.ceil(samples / workers) / batch))
 
 
+def _check_model_data(cfg: DictConfig, model: Any, data: Any) -> None:
+    """The package's GPT against its data: token ids its embedding holds, in blocks its positions
+    cover. Otherwise each worker fails at its first batch (an IndexError in the embedding, a block
+    longer than the positions, an embedding of float images)."""
+    from lightning_cocod.models.gpt import GPTModule
+
+    if not isinstance(model, GPTModule):
+        return
+    vocab, length = getattr(data, "vocab_size", None), getattr(data, "block_size", None)
+    if vocab is None or length is None:
+        if own_data(cfg.data):
+            return  # a module of the user's own that does not say its vocabulary: its batches tell
+        accepted = (
+            f"token data for {type(model).__name__} (model=gpt): data=markov, or a module of your own; "
+            f"{type(data).__name__} gives no token ids"
+        )
+        raise bad("data._target_", cfg.data._target_, accepted)
+    if model.net.tok.num_embeddings < vocab:
+        accepted = f"at least {vocab}, the data's vocabulary (data.vocab_size, which the default follows)"
+        raise bad("model.vocab_size", model.net.tok.num_embeddings, accepted)
+    if model.net.block_size < length:  # a shorter block is fine: its positions are a prefix
+        accepted = f"at least {length}, the data's block length (data.block_size, which the default follows)"
+        raise bad("model.block_size", model.net.block_size, accepted)
+
+
+def _train_batches(cfg: DictConfig, samples: int, workers: int) -> int:
+    """The training batches of an epoch on each rank: the sharded sampler's whole global batches,
+    within the Trainer's limit_train_batches (its rule: a count, or a fraction rounded down)."""
+    batches = samples // (cfg.data.batch_size * workers)
+    limit = cfg.trainer.get("limit_train_batches")
+    if isinstance(limit, float):
+        return int(batches * limit)
+    return batches if limit is None else min(batches, limit)
+
+
 def _check_data(cfg: DictConfig, data: Any) -> None:
+    from lightning_cocod.data.base import InMemoryDataModule
+
     workers = cfg.launcher.devices * cfg.launcher.num_nodes
     samples = getattr(data, "num_train_samples", None)
     if samples is not None and cfg.data.batch_size * workers > samples:
@@ -464,6 +343,24 @@ def _check_data(cfg: DictConfig, data: Any) -> None:
             f"workers must fit in the {samples} training samples)"
         )
         raise bad("data.batch_size", cfg.data.batch_size, accepted)
+    # The Trainer refuses a validation interval longer than an epoch as each worker's first epoch
+    # starts, when epochs are what it validates in. The package's modules' epochs are known here.
+    interval = cfg.trainer.val_check_interval
+    if (
+        isinstance(data, InMemoryDataModule)
+        and samples is not None
+        and _positive_int(interval)
+        and cfg.trainer.check_val_every_n_epoch is not None
+        and cfg.trainer.get("limit_val_batches", 1.0) != 0
+    ):
+        batches = _train_batches(cfg, samples, workers)
+        if interval > batches:
+            accepted = (
+                f"at most {batches}, the training batches of an epoch on each of the {workers} workers "
+                f"({samples} samples in global batches of {cfg.data.batch_size} x {workers}), a fraction "
+                "of an epoch in (0, 1], or a count over the whole run with trainer.check_val_every_n_epoch=null"
+            )
+            raise bad("trainer.val_check_interval", interval, accepted)
     samples, batch = getattr(data, "num_eval_samples", None), getattr(data, "eval_batch_size", None)
     if isinstance(samples, int) and isinstance(batch, int) and not _even_eval(samples, workers, batch):
         # A multiple of workers x batch always qualifies: the search ends.

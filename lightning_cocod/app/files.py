@@ -28,8 +28,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_cocod._errors import ConfigError, bad, first_line
 from lightning_cocod._files import not_regular, read_regular
-from lightning_cocod.app.checks import ConfigError, bad, first_line
 
 CLAIM = ".cocod-run"
 # Records a fresh run would replace in a folder claimed before claims existed (or made by hand).

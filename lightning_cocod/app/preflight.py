@@ -22,8 +22,10 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.sweeper import Sweeper as HydraSweeper
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from lightning_cocod.app.checks import ConfigError, check, compose_error, method_of
+from lightning_cocod._errors import ConfigError
+from lightning_cocod.app.checks import check, method_of
 from lightning_cocod.app.files import check_run_folder, claim_run, is_rank_zero, resume_checkpoint
+from lightning_cocod.app.schema import compose_error
 from lightning_cocod.methods import PERIODIC
 
 CONFIG_DIR_ENV = "COCOD_CONFIG_DIR"

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_cocod.app.checks import ConfigError, compose_error, first_line
+from lightning_cocod._errors import ConfigError, first_line
 from lightning_cocod.app.files import (
     check_run_folder,
     claim,
@@ -35,6 +35,7 @@ from lightning_cocod.app.fit import redact
 from lightning_cocod.app.identity import make_identity, to_plain, world_size
 from lightning_cocod.app.preflight import config_dir, refuse
 from lightning_cocod.app.runs import load_runs, read_start, write_start
+from lightning_cocod.app.schema import compose_error
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("cocod-train")

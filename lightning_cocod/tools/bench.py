@@ -63,7 +63,7 @@ from lightning_cocod.tools.compare import (
     round_figures,
     run_method,
 )
-from lightning_cocod.tools.plan import validate, validation_table
+from lightning_cocod.tools.plan_check import validate, validation_table
 
 SSGD = METHODS["ssgd"].label
 
@@ -317,7 +317,7 @@ def measure(
         for method in args.method_specs:
             periodic = method["method"] in PERIODIC
             result = run({**spec, **method}, rate, periodic)
-            # What the run was, for the performance model (plan.validate) to predict it.
+            # What the run was, for the performance model (plan_check.validate) to predict it.
             result.update(
                 method=method["method"],
                 tau=method["tau"] if periodic else None,

@@ -7,38 +7,8 @@
     cocod-plan --workers 2 --bandwidth 100mbit --step-ms 1900 --topology loopback --device cpu \
         --compression bf16,int8 --codec-ns int8=40,bf16=20    # compressed rounds, and their codec's cost
 
-The model, per optimizer step (t_c: compute time per step; S: model bytes; N workers):
-
-* all-reduce (ring): T(S) = 2 (N-1) (alpha + S / (N B)), B = efficiency x the per-node rate in
-  bytes/s each way, alpha the one-way latency of a message. On one shared link (``--topology
-  loopback``) all N workers' traffic crosses the same pipe: T(S) = 2 (N-1) (alpha + S / B), N
-  times as long. A link that idled keeps a bucket of ``--burst`` bytes it sends at once:
-  T(S) - burst / B. A tiny all-reduce (flags, figures) costs t_0 = 2 (N-1) alpha.
-* S-SGD: t_c + max(0, T(S) - overlap t_c) + t_0: DDP's gradient buckets go out while backward
-  still runs, hiding up to ``overlap`` of a step; a model in one bucket hides nothing.
-* Pipe-SGD: max(t_c + t_round, T(S) + t_0): step t's gradients travel during step t+1.
-* Local-SGD tau: t_c + (t_0 + T(S) + t_round) / tau: a blocking average every tau steps.
-* CoCoD-SGD tau: (t_round + max(tau t_c, T(S) + t_0)) / tau: the round-start model travels
-  while tau steps compute; t_round is the round's own work (snapshot, checks, merge).
-* tau="auto": the period the strategy's own rule picks (``core.adapt.AdaptivePeriod``: smallest
-  tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures, at most
-  the strategy's tau_max: ``SAFE_TAU_MAX`` (2) by default, ``--tau-max`` to raise it. The
-  recommendation gives the period that hides communication whatever the bound.
-* ``--compression bf16,int8``: rows for Local-SGD and CoCoD-SGD rounds sent in that codec: the
-  all-reduce carries ``BYTES_PER_ELEMENT`` bytes an element (fp32 4, bf16 2, int8 1 and a 4-byte
-  scale per 2,048) instead of 4, in the same 2 (N-1) / N of the model each rank sends, and the
-  round takes the codec's own time too (``--codec-ns``, nanoseconds per element of the model a
-  round, encoding and decoding; with ``--validate``, what the run itself measured).
-* ``--jitter c``: each worker's step time i.i.d. with coefficient of variation c. A barrier
-  every step (S-SGD, Pipe-SGD) waits for the slowest of N: t_c (1 + c e_N), e_N the expected
-  maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD)
-  for the slowest sum of tau: t_c (1 + c e_N / sqrt(tau)) per step.
-
-Assumed: communication takes no compute from the steps (a GPU's copy engines and NIC, not a
-CPU's cores); the links are the only bottleneck (a non-blocking switch); every worker is as fast
-as every other apart from the jitter. ``--validate`` calibrates the model on a cocod-bench run
-(t_c from its bound, alpha from its measured round trip, the efficiency from one all-reduce
-timing) and prints its prediction of every step time measured there.
+The model and its assumptions: ``costmodel``; ``--validate``, the model against the step times a
+cocod-bench run measured: ``plan_check``.
 """
 
 from __future__ import annotations
@@ -46,16 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
-from typing import Any
 
-from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
+from lightning_cocod.core.adapt import SAFE_TAU_MAX
 from lightning_cocod.figures import markdown_table
-from lightning_cocod.launch.cluster import TOPOLOGIES, burst_of
+from lightning_cocod.launch.cluster import TOPOLOGIES
 from lightning_cocod.launch.netns import format_latency, format_rate, parse_latency
 from lightning_cocod.methods import ADAPTIVE, METHODS, PERIODIC, label
 from lightning_cocod.tools.compare import (
@@ -66,134 +32,21 @@ from lightning_cocod.tools.compare import (
     parse_worker_counts,
     read_rate,
 )
-
-# fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
-# methods average with them; classes of CIFAR-10 unless named.
-MODEL_BYTES = {
-    "resnet18": 4 * (11_173_962 + 9_600),
-    "vgg16": 4 * (14_728_266 + 8_448),
-    "vgg16_c100": 4 * (14_774_436 + 8_448),
-    "small_cnn": 4 * (147_994 + 576),
-}
-# Share of a step during which S-SGD's gradient buckets travel while backward still runs.
-# ResNet18: calibrated on this project's 2-worker ResNet18 benchmark (README: 1.34 s bound, 3.02 s
-# S-SGD on a 300 Mbit/s loopback, whose all-reduce takes 2.49 s by this model); VGG16 is assumed
-# alike; SmallCNN's gradients fit DDP's first bucket, sent only when backward ends.
-OVERLAP = {"resnet18": 0.6, "vgg16": 0.6, "vgg16_c100": 0.6, "small_cnn": 0.0}
-# Bytes of model per second of a CoCoD round's own work (snapshot, finite check, launch, merge:
-# about six passes over the model through memory). cpu: measured here (ResNet18: ~0.03 s a round,
-# README); gpu: assumed, six passes at ~300 GB/s of a GTX 1080Ti-class GPU's 484 GB/s.
-ROUND_BYTES_PER_SECOND = {"cpu": 1.5e9, "gpu": 50e9}
-# Bytes on the wire per element of the model: fp32, and the codecs of compressed rounds
-# (``core.compress``: int8 keeps one fp32 scale per 2,048 elements) and of DDP's hooks (S-SGD).
-BYTES_PER_ELEMENT = {None: 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1 + 4 / 2048}
-# TCP/IP over Ethernet: 1448 bytes of payload in a 1514-byte frame (what tbf counts).
-EFFICIENCY = 1448 / 1514
-# The rule's own ceiling, without the accuracy study's cap: where the recommendation looks for the
-# period that hides communication.
-RULE_TAU_MAX = AdaptivePeriod().tau_max
-
-
-@dataclass(frozen=True)
-class Setting:
-    step_seconds: float  # t_c: compute of one step, no communication
-    model_bytes: int
-    workers: int
-    bandwidth_bps: int  # per node, each way
-    latency_seconds: float  # alpha: one message, one way
-    round_seconds: float = 0.0
-    overlap: float = 0.0
-    jitter: float = 0.0  # coefficient of variation of one worker's step time
-    efficiency: float = EFFICIENCY
-    burst_bytes: int = 0
-    topology: str = "pernode"
-    element_bytes: float = 4.0  # on the wire, per element of the fp32 model (``BYTES_PER_ELEMENT``)
-    codec_seconds: float = 0.0  # encoding and decoding one round, on its communication path
-
-    @property
-    def bytes_per_second(self) -> float:
-        return self.efficiency * self.bandwidth_bps / 8
-
-    @property
-    def wire_bytes(self) -> float:
-        """What one all-reduce of the model carries in this setting's codec."""
-        return self.model_bytes * self.element_bytes / 4
-
-
-def with_codec(s: Setting, codec: str | None, codec_seconds_per_element: float = 0.0) -> Setting:
-    """``s`` with the model's averages sent in ``codec`` (None: fp32), at that codec's cost."""
-    if codec not in BYTES_PER_ELEMENT:
-        accepted = ", ".join(str(c) for c in BYTES_PER_ELEMENT)
-        raise ValueError(f"codec {codec!r} is not modelled; accepted: {accepted}")
-    return replace(
-        s, element_bytes=BYTES_PER_ELEMENT[codec], codec_seconds=codec_seconds_per_element * s.model_bytes / 4
-    )
-
-
-def allreduce_seconds(s: Setting, nbytes: float | None = None) -> float:
-    """A ring all-reduce of `nbytes` (default: the model, in the setting's codec) on these links."""
-    nbytes = s.wire_bytes if nbytes is None else nbytes
-    n = s.workers
-    if n < 2:
-        return 0.0
-    hops = 2 * (n - 1)
-    chunk = nbytes if s.topology == "loopback" else nbytes / n
-    wire = hops * chunk / s.bytes_per_second
-    return hops * s.latency_seconds + max(0.0, wire - s.burst_bytes / s.bytes_per_second)
-
-
-@cache
-def expected_max_of_normals(n: int) -> float:
-    """E[max of n independent standard normals] (0 for n=1), by Simpson's rule over [-9, 9]."""
-    if n <= 1:
-        return 0.0
-    normal, h = statistics.NormalDist(), 18 / 3600
-    f = [x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) for x in (-9 + i * h for i in range(3601))]
-    return h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
-
-def _compute(s: Setting, barrier_every: int) -> float:
-    """Compute per step when the workers wait for each other every `barrier_every` steps."""
-    return s.step_seconds * (1 + s.jitter * expected_max_of_normals(s.workers) / math.sqrt(barrier_every))
-
-
-def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
-    """The model's time per optimizer step of `method` ("bound" is compute only)."""
-    # A compressed round's codec runs on its communication path, as the strategy measures it.
-    t_ar, t_0 = allreduce_seconds(s) + s.codec_seconds, allreduce_seconds(s, 0)
-    if method == BOUND:
-        return s.step_seconds
-    if method == "ssgd":
-        return _compute(s, 1) + max(0.0, t_ar - s.overlap * s.step_seconds) + t_0
-    if method == "pipe_sgd":
-        return max(_compute(s, 1) + s.round_seconds, t_ar + t_0)
-    if method == "local_sgd":
-        return _compute(s, tau) + (t_0 + t_ar + s.round_seconds) / tau
-    if method == "cocod":
-        return (s.round_seconds + max(tau * _compute(s, tau), t_ar + t_0)) / tau
-    raise ValueError(f"method {method!r} is not one of {BOUND}, {', '.join(METHODS)}")
-
-
-def auto_period(s: Setting, tau_max: int = SAFE_TAU_MAX) -> int:
-    """The period CoCoDStrategy(tau="auto", tau_max=tau_max) settles on when it measures these
-    figures (the default is the strategy's)."""
-    rule = AdaptivePeriod(tau_max=tau_max)
-    for _ in range(rule.patience + 1):  # a shorter period is taken after `patience` rounds ask for it
-        tau = rule.update(
-            allreduce_seconds(s) + s.codec_seconds + allreduce_seconds(s, 0), s.step_seconds, s.round_seconds
-        )
-    return tau
-
-
-def predict(
-    s: Setting, method: str, tau: int | str = 4, tau_max: int = SAFE_TAU_MAX
-) -> tuple[float, int | None]:
-    """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule, at
-    most ``tau_max``."""
-    if method in PERIODIC:
-        period = auto_period(s, tau_max=tau_max) if tau == "auto" else int(tau)
-        return step_seconds(s, method, period), period
-    return step_seconds(s, method), None
+from lightning_cocod.tools.costmodel import (
+    BYTES_PER_ELEMENT,
+    EFFICIENCY,
+    MODEL_BYTES,
+    OVERLAP,
+    ROUND_BYTES_PER_SECOND,
+    RULE_TAU_MAX,
+    Setting,
+    allreduce_seconds,
+    auto_period,
+    predict,
+    step_seconds,
+    with_codec,
+)
+from lightning_cocod.tools.plan_check import validate, validation_table
 
 
 def plan_table(s: Setting, tau: int, tau_max: int, codecs: dict[str, float]) -> tuple[str, str]:
@@ -473,182 +326,6 @@ def main(argv: list[str] | None = None) -> int:
         table, advice = plan_table(s, args.tau, tau_max, args.codecs)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")
     return 0
-
-
-def calibrate(figures: dict[str, Any]) -> tuple[float, float, str]:
-    """(latency, efficiency, how) from a cocod-bench output: half the measured round trip, and
-    the efficiency that makes the model's all-reduce last as long as one Local-SGD round's did
-    (fewest workers, first shaped rate); the nominal efficiency when no such round was measured."""
-    latency = (figures["link"].get("round_trip_seconds") or 0.0) / 2
-    fewest = min(figures["workers"], key=int)
-    for bps in filter(None, figures["args"]["rate_bps"]):
-        for name, by_rate in figures["workers"][fewest]["methods"].items():
-            measured = by_rate[str(bps)].get("comm_seconds_per_round")
-            # fp32 rounds only: a compressed one's time holds its codec's and fewer bytes.
-            if (
-                by_rate[str(bps)].get("method") != "local_sgd"
-                or by_rate[str(bps)].get("compression")
-                or not measured
-            ):
-                continue
-            s = _setting(figures, int(fewest), bps, latency, efficiency=1.0)
-            fixed = allreduce_seconds(s, 0)  # the latency part, which the efficiency does not scale
-            if measured <= fixed:
-                break
-            return (
-                latency,
-                (allreduce_seconds(s) - fixed) / (measured - fixed),
-                (f"one {name} all-reduce at {fewest} workers, {format_rate(bps)}: {1e3 * measured:.0f} ms"),
-            )
-    return latency, EFFICIENCY, "nominal: no Local-SGD all-reduce was measured"
-
-
-def _setting(figures: dict[str, Any], workers: int, bps: int, latency: float, efficiency: float) -> Setting:
-    args = figures["args"]
-    bound = figures["workers"][str(workers)]["bound"]
-    model_bytes = bound["model_bytes"]
-    return Setting(
-        step_seconds=bound["step_seconds"],
-        model_bytes=model_bytes,
-        workers=workers,
-        bandwidth_bps=bps,
-        latency_seconds=latency,
-        round_seconds=model_bytes / ROUND_BYTES_PER_SECOND["cpu"],
-        overlap=OVERLAP.get(args["model"], 0.0),
-        efficiency=efficiency,
-        burst_bytes=burst_of(args["topology"], bps),
-        topology=args["topology"],
-    )
-
-
-def run_tau_max(name: str, f: dict[str, Any], given: int | None) -> int:
-    """The tau_max a tau="auto" run ran with: the one cocod-bench recorded, else ``given``, else
-    the strategy's default. Runs from before cocod-bench recorded it had the old default: give 64."""
-    recorded = f.get("tau_max")
-    if recorded is None:
-        return SAFE_TAU_MAX if given is None else given
-    recorded = int(recorded)  # combine() takes the median over passes, which may be a float
-    if given is not None and given != recorded:
-        raise ValueError(
-            f"run {name!r} recorded tau_max {recorded}, --tau-max {given} contradicts it: leave --tau-max out"
-        )
-    return recorded
-
-
-def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[str, Any]]:
-    """The model's step time for every method, rate and worker count a cocod-bench run measured:
-    from the median of the worker count's bound runs, and from the fastest and the slowest of
-    them (how far the machine's own drift alone moves the prediction). tau="auto" is bounded
-    as the run was (``run_tau_max``; ``tau_max`` for runs that did not record it). A compressed
-    run is predicted in its codec's bytes, at the codec time per round the run itself measured;
-    DDP's PowerSGD hook is not modelled (its bytes follow the layers' shapes): its row says so."""
-    latency, efficiency, how = calibrate(figures)
-    rows = []
-    for workers, by_workers in sorted(figures["workers"].items(), key=lambda kv: int(kv[0])):
-        bound = by_workers["bound"]
-        spread = bound.get("step_seconds_runs") or [bound["step_seconds"]]
-        for bps in filter(None, figures["args"]["rate_bps"]):
-            s = _setting(figures, int(workers), bps, latency, efficiency)
-            for name, by_rate in by_workers["methods"].items():
-                f = by_rate[str(bps)]
-                row = {
-                    "workers": int(workers),
-                    "rate_bps": bps,
-                    "method": name,
-                    "measured": f["step_seconds"],
-                    "measured_periods": f.get("taus"),
-                    "latency_seconds": latency,
-                    "efficiency": efficiency,
-                    "calibrated_on": how,
-                }
-                codec = f.get("compression") or f.get("comm_hook")
-                if codec not in BYTES_PER_ELEMENT:
-                    rows.append({**row, "predicted": None, "not_modelled": codec})
-                    continue
-                codec_seconds = f.get("codec_seconds_per_round") if f.get("compression") else None
-                run = with_codec(s, codec, (codec_seconds or 0.0) / (s.model_bytes / 4))
-                tau = f.get("tau") or 1
-                bounded = {"tau_max": run_tau_max(name, f, tau_max)} if tau == "auto" else {}
-                predicted, period = predict(run, f["method"], tau, **bounded)
-                low, high = (
-                    predict(replace(run, step_seconds=t), f["method"], tau, **bounded)[0]
-                    for t in (min(spread), max(spread))
-                )
-                rows.append(
-                    {
-                        **row,
-                        "predicted": predicted,
-                        "predicted_range": [low, high],
-                        "error": predicted / f["step_seconds"] - 1,
-                        "period": period,
-                        # The model's round, launch to completion (codec included), against the run's (median).
-                        "allreduce": [
-                            f.get("comm_seconds_per_round"),
-                            allreduce_seconds(run) + run.codec_seconds,
-                        ],
-                        # What one rank sends a round: 2 (N-1) / N of the model in its codec, run against model.
-                        "bytes_sent": [
-                            f.get("bytes_sent_per_round"),
-                            2 * (run.workers - 1) / run.workers * run.wire_bytes,
-                        ],
-                    }
-                )
-    return rows
-
-
-def validation_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no shaped run to predict)"
-    modelled = [r for r in rows if r["predicted"] is not None]
-
-    def cells(r: dict[str, Any]) -> list[str]:
-        head = [str(r["workers"]), format_rate(r["rate_bps"]), r["method"], f"{r['measured']:.3f}"]
-        if r["predicted"] is None:
-            return [
-                *head,
-                f"not modelled ({r['not_modelled']}: its bytes follow the layers' shapes)",
-                *[""] * 5,
-            ]
-        low, high = r["predicted_range"]
-        sent = r.get("bytes_sent") or [None, None]
-        return [
-            *head,
-            f"{r['predicted']:.3f}",
-            f"{100 * r['error']:+.0f}%",
-            f"{low:.3f}-{high:.3f}" + (" (holds it)" if low <= r["measured"] <= high else ""),
-            f"{r['period']} / {', '.join(map(str, r['measured_periods'] or []))}" if r["period"] else "",
-            "{:.3f} / {:.3f}".format(*r["allreduce"]) if r["allreduce"][0] else "",
-            f"{sent[0] / 1e6:.2f} / {sent[1] / 1e6:.2f}" if sent[0] else "",
-        ]
-
-    table = markdown_table(
-        [
-            "workers",
-            "link",
-            "method",
-            "measured s",
-            "predicted s",
-            "error",
-            "predicted, bound's min-max",
-            "tau (model / run)",
-            "round s (run / model)",
-            "MB sent/round (run / model)",
-        ],
-        [cells(r) for r in rows],
-    )
-    if not modelled:
-        return f"{table}\n\nno run the model covers"
-    errors = [abs(r["error"]) for r in modelled]
-    within = sum(e <= 0.15 for e in errors)
-    held = sum(r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1] for r in modelled)
-    summary = (
-        f"calibration: latency {1e6 * rows[0]['latency_seconds']:.0f} us (half the measured round trip), "
-        f"link efficiency {rows[0]['efficiency']:.3f} ({rows[0]['calibrated_on']}), compute per step from "
-        f"each worker count's bound runs (median), a compressed round's codec time from its run; {within} of "
-        f"{len(modelled)} step times within 15%, {held} within the range the bound runs' spread gives; median "
-        f"error {100 * statistics.median(errors):.0f}%, largest {100 * max(errors):.0f}%"
-    )
-    return f"{table}\n\n{summary}"
 
 
 if __name__ == "__main__":

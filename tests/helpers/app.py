@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from lightning_cocod.app.checks import ConfigError, compose_error
+from lightning_cocod._errors import ConfigError
 from lightning_cocod.app.preflight import check_jobs, check_run, config_dir, job_overrides
+from lightning_cocod.app.schema import compose_error
 
 
 def compose_jobs(argv: Sequence[str]) -> tuple[list[list[str]], list[DictConfig]]:
