@@ -198,6 +198,6 @@ def test_no_process_group_is_refused():
         CoCoD(model, sgd(model), tau="often")
     # Pipe-SGD exchanges gradients: a codec for rounds it never sends is refused, not ignored.
     with pytest.raises(
-        ValueError, match=r"^PipeSGD: compression='int8' is not supported: Pipe-SGD exchanges gradients"
+        ValueError, match=r"^PipeSGD: compression='int8' is invalid; accepted: None: Pipe-SGD exchanges gradients"
     ):
         PipeSGD(model, sgd(model), compression="int8")

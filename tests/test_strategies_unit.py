@@ -1,6 +1,7 @@
 """Construction, argument checks and registration; no processes."""
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,10 @@ from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SS
 @pytest.mark.parametrize("cls", [CoCoDStrategy, LocalSGDStrategy])
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "4", True, None])
 def test_tau_must_be_a_positive_integer(cls, bad):
-    with pytest.raises(ValueError, match=rf"tau must be a positive integer .* got {bad!r}"):
+    accepted = "a positive integer (optimizer steps per round)"
+    with pytest.raises(
+        ValueError, match=re.escape(f"{cls.__name__}: tau={bad!r} is invalid; accepted: {accepted}")
+    ):
         cls(tau=bad)
 
 
@@ -33,11 +37,13 @@ def test_unsupported_options_are_named(cls):
         cls(model_averaging_period=4)
     with pytest.raises(TypeError, match=r"find_unused_parameters=True"):
         cls(find_unused_parameters=True)
-    with pytest.raises(TypeError, match="average_buffers must be True or False, got 'yes'"):
+    with pytest.raises(TypeError, match="average_buffers='yes' is invalid; accepted: True or False"):
         cls(average_buffers="yes")
     with pytest.raises(ValueError, match="start_method='thread'"):
         cls(start_method="thread")
-    with pytest.raises(ValueError, match="on_nonfinite='ignore' is not one of 'raise', 'skip', 'allow'"):
+    with pytest.raises(
+        ValueError, match="on_nonfinite='ignore' is invalid; accepted: one of 'raise', 'skip', 'allow'"
+    ):
         cls(on_nonfinite="ignore")
 
 
@@ -61,7 +67,7 @@ def test_registered_names_resolve_to_fresh_instances():
     a = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     b = pl.Trainer(strategy="cocod", accelerator="cpu", devices=2, logger=False).strategy
     # The default period is tau="auto", starting at its bound, SAFE_TAU_MAX = 2.
-    assert a is not b and a.tau == 2 and a.rounds.adaptive is not None and a.average_buffers is True
+    assert a is not b and a.tau == 2 and a.rounds.auto is not None and a.rounds.average_buffers is True
     assert str(a) == "CoCoDStrategy(tau='auto', progress=1.0, average_buffers=True, start_method='popen')"
     assert (
         "ddp" in StrategyRegistry

@@ -1,5 +1,5 @@
 """What CoCoD-SGD, Local-SGD and Pipe-SGD share: a DDPStrategy without the DDP wrapper, whose
-hooks drive the algorithm's ``Rounds`` (``rounds.py``, where what a round does lives).
+hooks drive the algorithm's ``Rounds`` (``lightning_cocod.rounds``, where what a round does lives).
 
 This layer adds what only Lightning has: the initial broadcast in place of DDP's, the
 dedicated process group, the optimizer step's closure, evaluation on the averaged model, each
@@ -18,31 +18,17 @@ import torch.distributed as dist
 
 from lightning_cocod.core import CommStats
 from lightning_cocod.core.comm import TorchDistCommunicator
-from lightning_cocod.strategies.checkpointing import STATE_KEY, gather_to_rank_zero, rng_state, set_rng_state
+from lightning_cocod.rounds.base import Rounds, broadcast_from_rank_zero
+from lightning_cocod.rounds.checkpoint import STATE_KEY, gather_to_rank_zero, rng_state, set_rng_state
+from lightning_cocod.rounds.options import PASSED_ON, check_weight
 from lightning_cocod.strategies.common import StrategyCommon
-from lightning_cocod.strategies.rounds import Rounds
 
 log = logging.getLogger(__name__)
 
-# The DDPStrategy options we pass on. The others configure the DDP wrapper or its comm hooks, which
-# we never build; DDPStrategy passes any other keyword on to DistributedDataParallel, whose own are
-# read from it.
-_PASSED_ON = (
-    "accelerator",
-    "parallel_devices",
-    "cluster_environment",
-    "checkpoint_io",
-    "precision_plugin",
-    "process_group_backend",
-)
+# The DDPStrategy options we pass on (``rounds.options``); DDPStrategy passes any other keyword on
+# to DistributedDataParallel, whose own are read from it.
+_PASSED_ON = (*PASSED_ON, "precision_plugin")
 _DDP_ONLY_OPTIONS = ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period")
-
-
-def broadcast_from_rank_zero(module: torch.nn.Module) -> None:
-    """What the DistributedDataParallel constructor does, which no strategy of ours builds."""
-    if dist.is_available() and dist.is_initialized():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.detach(), src=0)
 
 
 def of_rounds(name: str) -> property:
@@ -58,10 +44,6 @@ class SyncStrategyBase(StrategyCommon):
 
     comm_stats = of_rounds("comm_stats")
     weight = of_rounds("weight")  # this rank's share in every average; a sampling callback may set it
-    skipped = of_rounds("skipped")
-    peak_buffer_bytes = of_rounds("peak_buffer_bytes")
-    average_buffers = of_rounds("average_buffers")
-    on_nonfinite = of_rounds("on_nonfinite")
     _steps = of_rounds("steps")  # one count of optimizer steps, for the requests and the rounds
 
     def __init__(
@@ -131,7 +113,9 @@ class SyncStrategyBase(StrategyCommon):
             mine = self._own_restored_state()
             if mine is not None:
                 # This rank's own share (rank 0's is in the strategy state of older checkpoints).
-                self.rounds.weight = mine.get("weight", self.rounds.weight)
+                self.rounds.weight = check_weight(
+                    self.rounds.owner, mine.get("weight", self.rounds.weight), "the checkpoint's weight"
+                )
                 self.rounds.load_rank_state(mine.get("rounds", {}))
 
     def _check_fit(self) -> None:

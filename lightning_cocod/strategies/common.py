@@ -18,7 +18,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from lightning_cocod.strategies.checkpointing import (
+from lightning_cocod._namespaces import HOMES
+from lightning_cocod.rounds.checkpoint import (
     STATE_KEY,
     CheckpointError,
     atomic_save,
@@ -26,16 +27,9 @@ from lightning_cocod.strategies.checkpointing import (
     remove_digest,
     remove_stale_temporaries,
 )
-from lightning_cocod.strategies.namespaces import HOMES
-from lightning_cocod.strategies.reliability import (
-    ReliableStrategy,
-    RendezvousError,
-    first_line,
-    parse_timeout,
-)
+from lightning_cocod.rounds.options import parse_timeout, start_method
+from lightning_cocod.strategies.reliability import ReliableStrategy, RendezvousError, first_line
 from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
-
-_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
 class StrategyCommon(ReliableStrategy):
@@ -44,16 +38,13 @@ class StrategyCommon(ReliableStrategy):
     strategy_name: ClassVar[str] = ""  # its name in the registry (see ``namespaces``)
     namespace: ClassVar[str] = ""  # the Lightning package of the DDPStrategy below this class
 
-    def _common_init(self, timeout: Any, start_method: str) -> dict[str, Any]:
+    def _common_init(self, timeout: Any, method: str) -> dict[str, Any]:
         """The DDPStrategy options every strategy of ours checks the same way."""
         name = type(self).__name__
-        if start_method not in _START_METHODS:
-            raise ValueError(
-                f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}"
-            )
+        start_method(name, method)
         self._init_reliability()
         self._environment_before: dict[str, str | None] = {}
-        return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
+        return {"timeout": parse_timeout(name, timeout), "start_method": method}
 
     def _options(self) -> dict[str, Any]:
         """The algorithm's options, as the constructor takes them."""

@@ -1,6 +1,6 @@
 """What lets a long run survive a real cluster, shared by every strategy of this package (S-SGD
 included): one validated timeout, a dead peer named in every collective, a coordinated stop when
-any one worker is preempted, and checkpoints that are whole or absent (``checkpointing``, written
+any one worker is preempted, and checkpoints that are whole or absent (``rounds.checkpoint``, written
 and read by ``common``).
 
 Preemption. A spot node gets SIGTERM alone, a SLURM job SIGUSR1 before its deadline. Lightning's
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import threading
@@ -31,7 +30,7 @@ from lightning_cocod._errors import first_line
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
 from lightning_cocod.core.control import RequestFlags
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
-from lightning_cocod.strategies.checkpointing import CheckpointError
+from lightning_cocod.rounds.checkpoint import CheckpointError
 
 if TYPE_CHECKING:  # what the mixin is mixed into (see ``namespaces``), so its super() calls are checked
     from pytorch_lightning.strategies import DDPStrategy as _MixedInto
@@ -40,25 +39,8 @@ else:
 
 log = logging.getLogger(__name__)
 
-# torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
-DEFAULT_TIMEOUT = timedelta(seconds=1800)
 _STOP, _CHECKPOINT = 0, 1  # slots of the request flags
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-def disagreement(
-    values: list[dict[str, Any]], remedy: str = "every rank must be started with the same config"
-) -> str | None:
-    """The first key on which a rank differs from rank 0 (``values``: every rank's, gathered), in
-    words ending with ``remedy``, or None."""
-    for key, mine in values[0].items():
-        for rank, other in enumerate(values[1:], start=1):
-            if other.get(key) != mine:
-                return (
-                    f"rank {rank} disagrees with rank 0 on {key}: {mine!r} on rank 0, "
-                    f"{other.get(key)!r} on rank {rank}; {remedy}"
-                )
-    return None
 
 
 class WorkerLostError(RuntimeError):
@@ -83,19 +65,6 @@ class Preempted(SystemExit):
             else "no checkpoint (the Trainer has no checkpoint callback)"
         )
         return f"stopped at optimizer step {self.step} on {self.reason}; {saved}"
-
-
-def parse_timeout(owner: str, value: Any) -> timedelta:
-    """Seconds (what a YAML config can say) or a timedelta, positive and finite."""
-    if value is None:
-        return DEFAULT_TIMEOUT
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value) if number else math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"{owner}: timeout={value!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
-        )
-    return timedelta(seconds=seconds)
 
 
 class ReliableStrategy(_MixedInto):
