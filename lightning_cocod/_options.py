@@ -22,6 +22,12 @@ def invalid(
     return error(f"{owner}: {option}={value!r} is invalid; accepted: {accepted}")
 
 
+def require(ok: bool, owner: str, option: str, value: Any, accepted: str) -> None:
+    """Refuse ``value`` unless ``ok``: for a rule the checks below do not state."""
+    if not ok:
+        raise invalid(owner, option, value, accepted)
+
+
 def is_number(value: Any) -> bool:
     """A finite int or float that fits a float; not a bool."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

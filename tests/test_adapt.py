@@ -87,9 +87,14 @@ def test_adaptive_period_smooths():
 
 
 def test_bad_heterogeneous_input_is_named():
-    with pytest.raises(ValueError, match=r"overhead must be a share of the step time in \(0, 1\), got 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"AdaptivePeriod: overhead=2 is invalid; accepted: a share of the step time in \(0, 1\)",
+    ):
         AdaptivePeriod(overhead=2)
-    with pytest.raises(ValueError, match="patience must be a positive integer"):
+    with pytest.raises(
+        ValueError, match=r"AdaptivePeriod: patience=0 is invalid; accepted: a positive integer \(rounds\)"
+    ):
         AdaptivePeriod(patience=0)
     with pytest.raises(
         ValueError, match=r"tau_min=8 is invalid; accepted: a period no longer than tau_max=4"

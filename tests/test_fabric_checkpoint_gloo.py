@@ -226,7 +226,7 @@ def test_a_plain_fabric_file_loads_and_another_world_size_is_refused(tmp_path):
     [
         (
             {"start_method": "bogus"},
-            "start_method='bogus' is invalid; accepted: popen, spawn, fork, forkserver",
+            "start_method='bogus' is invalid; accepted: one of 'popen', 'spawn', 'fork', 'forkserver'",
         ),
         ({"weight": 2.0}, "weight=2.0 is invalid; accepted: None (the plain mean) or a number in (0, 1]"),
         (
