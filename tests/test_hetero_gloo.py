@@ -97,6 +97,8 @@ class SlowLink(pl.Callback):
                 class DelayedHandle:
                     launched_at = handle.launched_at
                     exposed_seconds = blocked_seconds = 0.0
+                    bytes_sent, bytes_received = handle.bytes_sent, handle.bytes_received
+                    codec_seconds = handle.codec_seconds
 
                     def wait(self):
                         start = time.perf_counter()

@@ -47,7 +47,7 @@ from lightning_cocod.core import (
     average_blocking,
     has_nonfinite,
 )
-from lightning_cocod.core.compress import CompressedMean, make_codec, ring_bytes
+from lightning_cocod.core.compress import CompressedMean, make_codec
 from lightning_cocod.rounds.health import ON_NONFINITE, NonFiniteError
 from lightning_cocod.rounds.options import check_weight
 
@@ -318,8 +318,6 @@ class Rounds:
         while self._unrecorded and (force or self._unrecorded[0][0].figures_ready()):
             handle, launch_step, finish_step, nbytes, also_waited = self._unrecorded.pop(0)
             exposed = handle.exposed_seconds + also_waited
-            # An exact round is a ring all-reduce of the buffer (torch tells no byte counts).
-            ring = ring_bytes(nbytes, self.world_size)
             self.comm_stats.add(
                 RoundRecord(
                     launch_step,
@@ -328,9 +326,9 @@ class Rounds:
                     exposed,
                     nbytes,
                     handle.launched_at,
-                    bytes_sent=getattr(handle, "bytes_sent", ring),
-                    bytes_received=getattr(handle, "bytes_received", ring),
-                    codec_seconds=getattr(handle, "codec_seconds", 0.0),
+                    bytes_sent=handle.bytes_sent,
+                    bytes_received=handle.bytes_received,
+                    codec_seconds=handle.codec_seconds,
                 )
             )
 
