@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_cocod._options import invalid
 from lightning_cocod.loop import LOOPS
@@ -76,11 +77,13 @@ class FabricRounds:
         self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
         self._loaded: dict[str, Any] | None = None  # this rank's loop state, from a fabric.load before set-up
 
+    @override
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank_zero(module)  # no DistributedDataParallel wrapper
         self._module = module
         return module
 
+    @override
     def setup_optimizer(self, optimizer: Any) -> Any:
         # fabric.setup(model, optimizer) comes here after setup_module, as fabric.setup_optimizers does.
         name = type(self).__name__
@@ -100,6 +103,7 @@ class FabricRounds:
         self.loop = loop.__enter__()
         return optimizer
 
+    @override
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
@@ -123,6 +127,7 @@ class FabricRounds:
         if self.is_global_zero:
             atomic_save(self.checkpoint_io, state, path, storage_options)
 
+    @override
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None
     ) -> Any:
@@ -187,6 +192,7 @@ class FabricRounds:
         finally:
             self.checkpoint_io = io
 
+    @override
     def teardown(self) -> None:
         if self.loop is not None:
             self.loop.close()

@@ -125,7 +125,7 @@ class SteadySteps(toy.ToyRegression):
     def on_train_start(self):
         # The figures each period was chosen from (all-reduced: the same on every rank), as the
         # strategy measured them: (communication, step, round's own work) seconds, and the period.
-        adaptive, self.figures = self.trainer.strategy.rounds.adaptive, []
+        adaptive, self.figures = self.trainer.strategy.rounds.auto.period, []
         chosen = adaptive.update
 
         def update(comm_seconds, step_seconds, round_seconds=0.0):

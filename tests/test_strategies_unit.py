@@ -99,3 +99,23 @@ def test_readme_one_liner_prints_the_strategy():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert "CoCoDStrategy(tau='auto'" in out.stdout
+
+
+def test_every_overridden_lightning_hook_says_override():
+    import lightning_fabric.strategies as fabric_strategies
+
+    from lightning_cocod.fabric_strategy import FabricRounds
+    from lightning_cocod.strategies import SSGDMethod, StrategyCommon, SyncStrategyBase
+    from lightning_cocod.strategies.reliability import ReliableStrategy
+
+    mixins = {c: DDPStrategy for c in (ReliableStrategy, StrategyCommon, SyncStrategyBase, SSGDMethod)}
+    mixins[FabricRounds] = fabric_strategies.DDPStrategy
+    unmarked = [
+        f"{mixin.__name__}.{name}"
+        for mixin, lightning in mixins.items()
+        for name, member in vars(mixin).items()
+        if callable(member) and not name.startswith("__") and hasattr(lightning, name)
+        if not getattr(member, "__override__", False)
+    ]
+    assert unmarked == []
+    assert getattr(StrategyCommon.optimizer_step, "__override__", False)  # the check sees a marked one

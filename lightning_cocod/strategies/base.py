@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
 from lightning_cocod.core import CommStats
 from lightning_cocod.core.comm import TorchDistCommunicator
@@ -102,6 +103,7 @@ class SyncStrategyBase(StrategyCommon):
             codec_comm=self._codec_comm,
         )
 
+    @override
     def configure_ddp(self) -> None:
         # No DistributedDataParallel: no per-step gradient all-reduce.
         broadcast_from_rank_zero(self.lightning_module)
@@ -167,6 +169,7 @@ class SyncStrategyBase(StrategyCommon):
         with self._collective("synchronising the workers"):
             self.rounds.run(self.rounds.sync)
 
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         # Runs on every rank inside dump_checkpoint, before the file is written: the right
         # moment to make the weights consistent (save_checkpoint would be too late).
@@ -181,18 +184,22 @@ class SyncStrategyBase(StrategyCommon):
         with self._collective("averaging for evaluation"):
             self.rounds.run(self.rounds.park_and_average)
 
+    @override
     def on_validation_start(self) -> None:
         super().on_validation_start()
         self._park_and_average()
 
+    @override
     def on_validation_end(self) -> None:
         super().on_validation_end()
         self.rounds.unpark()
 
+    @override
     def on_test_start(self) -> None:
         super().on_test_start()
         self._park_and_average()
 
+    @override
     def on_test_end(self) -> None:
         super().on_test_end()
         self.rounds.unpark()

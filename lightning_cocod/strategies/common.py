@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from typing_extensions import override
+
 from lightning_cocod._namespaces import HOMES
 from lightning_cocod.rounds.checkpoint import (
     STATE_KEY,
@@ -61,6 +63,7 @@ class StrategyCommon(ReliableStrategy):
 
     # -- set-up, in the order Lightning runs it --------------------------------------------
 
+    @override
     def setup_distributed(self) -> None:
         self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
         self._requested_path: str | None = None
@@ -95,6 +98,7 @@ class StrategyCommon(ReliableStrategy):
                 "from this node"
             ) from None
 
+    @override
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
         launcher = self._launcher
@@ -120,6 +124,7 @@ class StrategyCommon(ReliableStrategy):
             launcher.get_extra_results = self._results_for_main_process
             launcher.update_main_process_results = self._update_from_worker
 
+    @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
         if trainer.state.fn == "fit":
@@ -140,17 +145,20 @@ class StrategyCommon(ReliableStrategy):
 
     # -- training --------------------------------------------------------------------------
 
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         self._check_same_start(self.lightning_module.trainer.global_step)  # a checkpoint is restored by now
         self._resume_rank_state()
         self._install_signal_handlers()  # after Lightning registered its own (they would replace ours)
 
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._log_rounds()
         super().on_train_batch_start(batch, batch_idx)
         self._act_on_requests(self.lightning_module.trainer)
 
+    @override
     def optimizer_step(
         self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
@@ -161,6 +169,7 @@ class StrategyCommon(ReliableStrategy):
         self._exchange_requests()
         return output
 
+    @override
     def on_exception(self, exception: BaseException) -> None:
         # A peer may be gone: waiting on in-flight work could hang until the group timeout.
         if self._requests is not None:
@@ -168,6 +177,7 @@ class StrategyCommon(ReliableStrategy):
         self._abandon_in_flight()
         super().on_exception(exception)
 
+    @override
     def on_train_end(self) -> None:
         self._sync_point()
         super().on_train_end()
@@ -175,6 +185,7 @@ class StrategyCommon(ReliableStrategy):
         # A checkpoint asked for in the last steps is still written; a stop is moot, fit is over.
         self._act_on_requests(self.lightning_module.trainer, stopping_allowed=False)
 
+    @override
     def teardown(self) -> None:
         self._close_rounds()
         self._restore_signal_handlers()
@@ -193,6 +204,7 @@ class StrategyCommon(ReliableStrategy):
 
     # -- checkpoint files --------------------------------------------------------------------
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
@@ -200,6 +212,7 @@ class StrategyCommon(ReliableStrategy):
         if self.global_rank == 0:
             atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Every rank reads the file as data (``weights_only=False``, said by hand, is the caller
         trusting it) and checks it against the integrity record it carries."""
@@ -218,6 +231,7 @@ class StrategyCommon(ReliableStrategy):
         self._take_restored(checkpoint)
         return checkpoint
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         super().remove_checkpoint(filepath)
         if self.global_rank == 0:

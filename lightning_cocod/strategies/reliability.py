@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
 from lightning_cocod._errors import first_line
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
@@ -220,18 +221,22 @@ class ReliableStrategy(_MixedInto):
         # gloo reports a dead peer as a plain RuntimeError ("Connection closed by peer").
         return self._collective(what, failures=(RuntimeError,))
 
+    @override
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         with self._lightning_collective("reducing a logged value (sync_dist)"):
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
+    @override
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
         with self._lightning_collective(f"at barrier {name!r}"):
             super().barrier(name, *args, **kwargs)
 
+    @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         with self._lightning_collective("broadcasting from rank 0"):
             return super().broadcast(obj, src)
 
+    @override
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
         with self._lightning_collective("gathering a tensor from every rank"):
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)

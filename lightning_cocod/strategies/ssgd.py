@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import override
 
 from lightning_cocod._options import invalid, positive_int
 from lightning_cocod.strategies.common import StrategyCommon
@@ -72,6 +73,7 @@ class SSGDMethod(StrategyCommon):
         self.comm_hook = comm_hook
         super().__init__(**ddp_options, **hook, **self._common_init(timeout, start_method))
 
+    @override
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None or self.root_device.type == "cuda":
             return super()._register_ddp_hooks()
