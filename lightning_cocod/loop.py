@@ -66,6 +66,9 @@ class _RoundsLoop:
         strategies build theirs when they are constructed, so that a bad option is refused then)."""
         loop = cls.__new__(cls)
         loop._check(model, optimizer, weight)
+        # From now on the rounds are this loop's: its name in their messages and in their state
+        # (so a state saved under Fabric resumes in a plain loop, and back).
+        rounds.owner = cls.__name__
         loop._take(rounds, model, optimizer, None, weight, timeout)
         return loop
 

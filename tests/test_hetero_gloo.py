@@ -82,7 +82,7 @@ class SlowLink(pl.Callback):
 
     def setup(self, trainer, pl_module, stage):
         strategy, seconds = trainer.strategy, self.seconds
-        inner = strategy._comm
+        inner = strategy.driver.comm
 
         class Delayed:
             def __getattr__(self, name):
@@ -118,7 +118,7 @@ class SlowLink(pl.Callback):
 
                 return DelayedHandle()
 
-        trainer.strategy._comm = Delayed()
+        trainer.strategy.driver.comm = Delayed()
 
 
 class SteadySteps(toy.ToyRegression):
