@@ -50,6 +50,7 @@ class AutoPeriod:
         self._measured: tuple[float, ...] | None = None
         self._rounds_finished = 0
         self._bound_told = False  # the hiding period above tau_max is said once a fit
+        self.last: tuple[float, ...] = (0.0,) * FIGURES  # the figures of the last update, as received
 
     def abandon(self) -> None:
         self._timing = None
@@ -69,7 +70,8 @@ class AutoPeriod:
         of its own work); returns the period of the next round."""
         ranks = received[FIGURES]
         if ranks > 0:  # the mean over the ranks that had figures to send
-            self.period.update(*(figure / ranks for figure in received[:FIGURES]))
+            self.last = tuple(figure / ranks for figure in received[:FIGURES])
+            self.period.update(*self.last)
         # A fit's first round pays one-time costs (allocations, the group's first collective): it
         # is not timed.
         if self._rounds_finished > 0 and steps > 0:

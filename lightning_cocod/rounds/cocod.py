@@ -206,10 +206,10 @@ class CoCoDRounds(Rounds):
         self.tau = new
         self.tau_history.append((self.steps, new))
         if self.rank == 0 and self.auto is not None:
-            period = self.auto.period
+            comm, step, own = self.auto.last
             log.info(
-                f"CoCoD tau {old} -> {new} at step {self.steps} (communication {period.comm_seconds:.3f} s and "
-                f"own work {period.round_seconds:.3f} s per round, {period.step_seconds:.3f} s per step)"
+                f"CoCoD tau {old} -> {new} at step {self.steps} "
+                f"(communication {comm:.3f} s and own work {own:.3f} s per round, {step:.3f} s per step)"
             )
 
     def abandon(self) -> None:
