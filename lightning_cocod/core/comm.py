@@ -344,7 +344,7 @@ def start_on_device(
     share: float,
     all_reduce: Callable[[Tensor], Any],
     lands_on_stream: bool,
-    world_size: int = 1,
+    world_size: int,
 ) -> Handle:
     """Scale and all-reduce ``buckets`` (over ``world_size`` ranks, for the bytes it counts) from
     the side stream ``side``; returns the handle.
