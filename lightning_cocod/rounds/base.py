@@ -48,7 +48,13 @@ from lightning_cocod.core import (
     has_nonfinite,
 )
 from lightning_cocod.core.compress import CompressedMean, make_codec
-from lightning_cocod.rounds.health import ON_NONFINITE, NonFiniteError
+from lightning_cocod.rounds.health import (
+    ON_NONFINITE,
+    bad_ranks,
+    health_flags,
+    nonfinite_error,
+    restart_from_healthy,
+)
 from lightning_cocod.rounds.options import check_weight
 
 log = logging.getLogger(__name__)
@@ -348,35 +354,22 @@ class Rounds:
     # -- non-finite values (see ``health``) ---------------------------------------------------
 
     def health_flags(self, bad: bool, device: torch.device | None = None) -> Tensor:
-        flags = torch.zeros(self.world_size, dtype=torch.float64, device=device or self.device)
-        flags[self.rank] = float(bad)
-        return flags
+        return health_flags(self.rank, self.world_size, bad, device or self.device)
 
     def raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
         """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
-        (the caller then drops the pending update): workers that went non-finite take the model of
-        a healthy one and restart their optimizer state (momentum would carry the NaN on); the
-        healthy keep theirs. With ``"allow"`` nothing happens: the update goes on, as under DDP.
-        (The flags of ``"allow"`` still travel where they share a message with the round's figures
-        or queue behind its tensors: every option keeps the same collectives on every rank.)"""
-        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
+        (the caller then drops the pending update: see ``health``). With ``"allow"`` nothing
+        happens: the update goes on, as under DDP. (The flags of ``"allow"`` still travel where they
+        share a message with the round's figures or queue behind its tensors: every option keeps
+        the same collectives on every rank.)"""
+        bad = bad_ranks(flags)
         if not bad or self.on_nonfinite == "allow":
             return False
         if self.on_nonfinite != "skip" or len(bad) == self.world_size:
-            raise NonFiniteError(
-                f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
-                f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
-                "model, and no checkpoint was written from them"
-            )
+            raise nonfinite_error(self.owner, bad, self.steps, what)
         assert self.comm is not None
-        source = min(set(range(self.world_size)) - set(bad))
         buffer = self.scratch_buffer()
-        buffer.pack(self.tensors)
-        self.comm.broadcast(buffer.buckets, source)
-        if self.rank in bad:
-            buffer.unpack(self.tensors)
-            for optimizer in self.optimizers:
-                optimizer.state.clear()
+        source = restart_from_healthy(self.comm, buffer, self.tensors, self.optimizers, self.rank, bad)
         self.skipped.append((self.steps, bad))
         if self.rank == 0:
             log.warning(
