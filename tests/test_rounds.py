@@ -38,8 +38,9 @@ class _BlockingCluster(FakeCluster):
         self.comms = [_BlockingComm(self, rank) for rank in range(world_size)]
 
 
-def train(make_rounds, steps=STEPS):
-    """Every worker's weights after each step, and after the final synchronisation point."""
+def train(make_rounds, steps=STEPS, built=None):
+    """Every worker's weights after each step, and after the final synchronisation point
+    (``built``: a list that receives each rank's rounds object)."""
     workers = toy._Workers(WORLD, steps)
     model_group, control_group = _BlockingCluster(WORLD), _BlockingCluster(WORLD)
     trajectories: list[list[list[float]]] = [[] for _ in range(WORLD)]
@@ -49,6 +50,8 @@ def train(make_rounds, steps=STEPS):
         model, optimizer = workers.models[rank], workers.opts[rank]
         x, y = workers.data[rank]
         rounds = make_rounds()
+        if built is not None:
+            built.append(rounds)
         rounds.attach(
             model,
             model_group.comms[rank],
@@ -100,6 +103,16 @@ def test_cocod_rounds_follow_the_rule(tau, progress):
     expected, expected_final = toy.reference_cocod(WORLD, STEPS, tau, progress=progress)
     assert_same(trajectory, expected)
     assert_same(final, expected_final)
+    assert final[0] == final[1]
+
+
+def test_auto_rounds_agree_on_every_period_from_the_figures_they_exchange():
+    built = []
+    _, final = train(lambda: CoCoDRounds("test", tau="auto", tau_max=8), steps=24, built=built)
+    # Each rank timed its own rounds; the periods come from the figures summed over the ranks, so
+    # every rank chose the same ones at the same steps and ends with the same weights.
+    assert len(built) == WORLD and built[0].tau_history == built[1].tau_history
+    assert built[0].tau_history[0] == (0, 4) and all(1 <= tau <= 8 for _, tau in built[0].tau_history)
     assert final[0] == final[1]
 
 
