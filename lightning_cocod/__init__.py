@@ -28,12 +28,12 @@ _LAZY = {
     "PipeSGDStrategy": "lightning_cocod.pl",
     "SSGDStrategy": "lightning_cocod.pl",
     "SyncStrategyBase": "lightning_cocod.strategies.base",
-    "NonFiniteError": "lightning_cocod.strategies.health",
+    "NonFiniteError": "lightning_cocod.rounds.health",
     "Preempted": "lightning_cocod.strategies.reliability",
     "PREEMPTED_EXIT_CODE": "lightning_cocod.strategies.reliability",
     "RendezvousError": "lightning_cocod.strategies.reliability",
     "WorkerLostError": "lightning_cocod.strategies.reliability",
-    "CheckpointError": "lightning_cocod.strategies.checkpointing",
+    "CheckpointError": "lightning_cocod.rounds.checkpoint",
 }
 __all__ = [  # noqa: RUF022 - loaded lazily from _LAZY
     "CheckpointError",

@@ -10,12 +10,13 @@ strategy registry when ``import lightning_cocod`` runs::
     fabric.strategy.loop.close()                                       # merge, every rank the same weights
 
 These are the ``lightning_fabric`` classes; the ``lightning.fabric`` ones are in
-``lightning_cocod.lightning`` (see ``strategies.fabric``).
+``lightning_cocod.lightning`` (see ``fabric_strategy``).
 """
 
-from lightning_cocod.strategies.fabric import install
+from lightning_cocod._namespaces import install
+from lightning_cocod.fabric_strategy import FABRIC_REGISTRY, IN_A_LOOP, fabric_mixins
 
-_classes = install("lightning_fabric", __name__)
+_classes = install("lightning_fabric", __name__, fabric_mixins(), FABRIC_REGISTRY, IN_A_LOOP)
 CoCoDFabricStrategy, LocalSGDFabricStrategy = (
     _classes["CoCoDFabricStrategy"],
     _classes["LocalSGDFabricStrategy"],

@@ -8,11 +8,11 @@ registries on import:
     L.Trainer(strategy=CoCoDStrategy(tau=8))   # or strategy="cocod" after `import lightning_cocod`
 """
 
-from lightning_cocod.strategies import fabric
-from lightning_cocod.strategies.namespaces import install
+from lightning_cocod._namespaces import install, trainer_mixins
+from lightning_cocod.fabric_strategy import FABRIC_REGISTRY, IN_A_LOOP, fabric_mixins
 
-_classes = install("lightning.pytorch", __name__)
-_fabric_classes = fabric.install("lightning.fabric", __name__)
+_classes = install("lightning.pytorch", __name__, trainer_mixins("lightning.pytorch"), "StrategyRegistry")
+_fabric_classes = install("lightning.fabric", __name__, fabric_mixins(), FABRIC_REGISTRY, IN_A_LOOP)
 CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
 PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
 

@@ -7,7 +7,7 @@ or Lightning Fabric through ``lightning_cocod.fabric``)::
         with cocod.averaged():                       # evaluation sees the average of the workers
             evaluate(model)
 
-The rounds are the strategies' own (``strategies.rounds``): this class only calls them from
+The rounds are the strategies' own (``lightning_cocod.rounds``): this class only calls them from
 torch's optimizer step hooks. A round is launched right after an optimizer step (and on entering),
 so that its all-reduce overlaps the next step's forward and backward too, as the strategies'
 launch before forward does; the same weights are snapshot either way. On exit the pending round
@@ -25,25 +25,11 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from lightning_cocod.core import FlatBuffer, TorchDistCommunicator
-from lightning_cocod.strategies.base import of_rounds
-from lightning_cocod.strategies.cocod import CoCoDRounds
-from lightning_cocod.strategies.local_sgd import LocalSGDRounds
-from lightning_cocod.strategies.pipe_sgd import PipeSGDRounds
-from lightning_cocod.strategies.reliability import disagreement, parse_timeout
-from lightning_cocod.strategies.rounds import Rounds
+from lightning_cocod.core import CommStats, FlatBuffer, TorchDistCommunicator
+from lightning_cocod.rounds import CoCoDRounds, LocalSGDRounds, PipeSGDRounds, Rounds
+from lightning_cocod.rounds.options import check_weight, disagreement, parse_timeout
 
 _OWNER = "_lightning_cocod_loop"  # set on an optimizer while a loop object hooks it
-
-
-def check_weight(name: str, weight: Any) -> None:
-    """A rank's share of every average: None (the plain mean) or a number in (0, 1]."""
-    if weight is not None and (
-        isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1
-    ):
-        raise ValueError(
-            f"{name}: weight={weight!r} is invalid; accepted: None (the plain mean) or a number in (0, 1]"
-        )
 
 
 class _RoundsLoop:
@@ -61,6 +47,32 @@ class _RoundsLoop:
         timeout: Any = None,
         **options: Any,
     ) -> None:
+        self._check(model, optimizer, weight)
+        self._take(
+            self.rounds_class(type(self).__name__, **options), model, optimizer, group, weight, timeout
+        )
+
+    @classmethod
+    def around(
+        cls,
+        rounds: Rounds,
+        model: torch.nn.Module,
+        optimizer: Optimizer,
+        *,
+        weight: Any = None,
+        timeout: Any = None,
+    ) -> Self:
+        """A loop object over ``rounds`` built already, with this class's options (the Fabric
+        strategies build theirs when they are constructed, so that a bad option is refused then)."""
+        loop = cls.__new__(cls)
+        loop._check(model, optimizer, weight)
+        # From now on the rounds are this loop's: its name in their messages and in their state
+        # (so a state saved under Fabric resumes in a plain loop, and back).
+        rounds.owner = cls.__name__
+        loop._take(rounds, model, optimizer, None, weight, timeout)
+        return loop
+
+    def _check(self, model: Any, optimizer: Any, weight: Any) -> None:
         name = type(self).__name__
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{name}: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -69,7 +81,18 @@ class _RoundsLoop:
                 f"{name}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
         check_weight(name, weight)
-        self.rounds = self.rounds_class(name, **options)
+
+    def _take(
+        self,
+        rounds: Rounds,
+        model: torch.nn.Module,
+        optimizer: Optimizer,
+        group: Any,
+        weight: Any,
+        timeout: Any,
+    ) -> None:
+        name = type(self).__name__
+        self.rounds = rounds
         self.rounds.weight = weight
         self.model, self.optimizer, self.group = model, optimizer, group
         self.timeout = parse_timeout(name, timeout)
@@ -85,9 +108,20 @@ class _RoundsLoop:
         """Inside the ``with`` block (or between ``start()`` and ``close()``): its hooks run every step."""
         return bool(self._hooks)
 
-    stats = of_rounds("comm_stats")  # every finished round's figures: seconds, exposed seconds, bytes
-    steps = of_rounds("steps")  # optimizer steps taken (restored by load_state_dict)
-    weight = of_rounds("weight")  # this rank's share of every average (None: the plain mean)
+    @property
+    def stats(self) -> CommStats:
+        """Every finished round's figures: seconds, exposed seconds, bytes."""
+        return self.rounds.comm_stats
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored by ``load_state_dict``)."""
+        return self.rounds.steps
+
+    @property
+    def weight(self) -> float | None:
+        """This rank's share of every average (None: the plain mean)."""
+        return self.rounds.weight
 
     # -- entering and leaving ---------------------------------------------------------------------
 
@@ -139,7 +173,7 @@ class _RoundsLoop:
         self.rounds.optimizers = [self.optimizer]
         self.rounds.start()
         try:
-            self.rounds.refuse_untracked_optimizer_tensors(self.rounds._live_tensors(), unused_too=True)
+            self.rounds.refuse_untracked_optimizer_tensors(self.rounds.live_tensors(), unused_too=True)
             if comm is not None:
                 self._check_same_start()
             if self._loaded is not None:
@@ -203,10 +237,7 @@ class _RoundsLoop:
         (SIGABRT) on mismatched compressed payloads, and other mismatches end in the timeout,
         blaming a dead or stalled peer. Compared before any collective that depends on them, as
         the app compares its ranks' configs (``app.agreement``); a rank's own weight may differ."""
-        mine = {"class": type(self).__name__, **self.rounds.options()}
-        adaptive = getattr(self.rounds, "adaptive", None)
-        if adaptive is not None:  # tau="auto": each rank would bound the agreed period by its own limits
-            mine |= {"tau_min": adaptive.tau_min, "tau_max": adaptive.tau_max}
+        mine = self.rounds.agreed()
         gathered: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, mine, group=group)
         if problem := disagreement(gathered, "every rank must be given the same options"):
@@ -226,7 +257,7 @@ class _RoundsLoop:
             [1.0 / self.rounds.world_size if self.weight is None else self.weight], dtype=torch.float64
         )
         dist.all_reduce(shares, group=self.rounds.control.group)
-        for name, high, low in zip(self.rounds._names, *(e.views for e in extremes)):
+        for name, high, low in zip(self.rounds.names, *(e.views for e in extremes)):
             if not torch.allclose(high, low, rtol=0, atol=0, equal_nan=True):
                 raise ValueError(
                     f"{type(self).__name__}: the model's tensor '{name}' differs between ranks at the start; every rank "
@@ -285,15 +316,26 @@ class CoCoD(_RoundsLoop):
     ``timeout``: seconds (or a timedelta) before a collective gives up on a peer."""
 
     rounds_class = CoCoDRounds
-    tau = of_rounds("tau")
-    tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
+
+    @property
+    def tau(self) -> int:
+        """The period of the round in flight (``tau="auto"`` re-chooses it every round)."""
+        return self.rounds.tau
+
+    @property
+    def tau_history(self) -> list[tuple[int, int]]:
+        """(step, tau) at the start and at every change."""
+        return self.rounds.tau_history
 
 
 class LocalSGD(_RoundsLoop):
     """Local-SGD: a blocking average of the models every ``tau`` optimizer steps (options as ``CoCoD``)."""
 
     rounds_class = LocalSGDRounds
-    tau = of_rounds("tau")
+
+    @property
+    def tau(self) -> int:
+        return self.rounds.tau
 
 
 class PipeSGD(_RoundsLoop):

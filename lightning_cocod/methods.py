@@ -15,9 +15,7 @@ class Method:
     label: str  # how tables and plots call it
     periodic: bool  # has a period ``tau``; the others ignore it
     adaptive: bool  # takes tau="auto" (the period re-chosen every round from measured times)
-    mixin: (
-        str  # "module:Class" of its logic over no Lightning class (strategies.namespaces builds the classes)
-    )
+    mixin: str  # "module:Class" of its logic over no Lightning class (_namespaces builds the classes)
     description: str
 
     @property

@@ -2,9 +2,9 @@
 (``lightning_cocod``'s top level re-exports them). For ``lightning.pytorch``, see
 ``lightning_cocod.lightning``."""
 
-from lightning_cocod.strategies.namespaces import install
+from lightning_cocod._namespaces import install, trainer_mixins
 
-_classes = install("pytorch_lightning", __name__)
+_classes = install("pytorch_lightning", __name__, trainer_mixins("pytorch_lightning"), "StrategyRegistry")
 CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
 PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
 

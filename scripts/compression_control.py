@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning_cocod
-from lightning_cocod.strategies.cocod import CoCoDRounds
+from lightning_cocod.rounds.cocod import CoCoDRounds
 
 
 class RawSnapshotRounds(CoCoDRounds):

@@ -275,9 +275,9 @@ def test_the_worker_builds_cocod_auto_with_the_bound_it_is_given():
 
     # A link that needs 24 steps to hide (2 s against 0.1 s steps, with the rule's 1.2 margin).
     raised = make_strategy("cocod", "auto", tau_max=64)
-    assert raised.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
+    assert raised.rounds.auto.period.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 24
     default = make_strategy("cocod", "auto")
-    assert default.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 2
+    assert default.rounds.auto.period.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 2
     with pytest.raises(ValueError, match="tau_max=64 bounds tau='auto' only; 'local_sgd' takes none"):
         make_strategy("local_sgd", 4, tau_max=64)
     with pytest.raises(ValueError, match="tau_min/tau_max bound tau='auto' only"):

@@ -19,7 +19,7 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 from lightning_cocod import CheckpointError, CoCoDStrategy
 from lightning_cocod._errors import ConfigError
 from lightning_cocod.app.files import newest_checkpoint, resume_checkpoint
-from lightning_cocod.strategies.checkpointing import (
+from lightning_cocod.rounds.checkpoint import (
     DIGEST_SUFFIX,
     INTEGRITY_KEY,
     TRUST_ENV,

@@ -21,7 +21,8 @@ def launch(timeline, seconds, nccl=True, copy_back=0.0, buckets=None, orders="cu
         all_reduce = lambda bucket: FakeNcclWork(timeline, seconds)
     else:
         all_reduce = lambda bucket: FakeGlooWork(timeline, seconds, copy_back, orders)
-    return start_on_device(timeline, side, buckets, 0.5, all_reduce, lands_on_stream=nccl), side
+    handle = start_on_device(timeline, side, buckets, 0.5, all_reduce, lands_on_stream=nccl, world_size=4)
+    return handle, side
 
 
 @pytest.mark.parametrize("nccl", [True, False], ids=["nccl", "gloo"])
@@ -36,6 +37,8 @@ def test_finish_long_after_landing_counts_the_collective_not_the_round(nccl):
     assert handle.exposed_seconds == 0.0
     assert handle.blocked_seconds == 0.0
     assert handle.launched_at == 0.0
+    # A ring all-reduce of the 16-byte bucket over 4 ranks sends and takes 2 (4 - 1) / 4 of it.
+    assert (handle.bytes_sent, handle.bytes_received, handle.codec_seconds) == (24, 24, 0.0)
     assert timeline.syncs == syncs and timeline.host == 1.0  # reading them made the host wait for nothing
 
 

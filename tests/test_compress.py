@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_cocod.core.compress import SLICE, Bf16Codec, CompressedMean, Int8Codec, make_codec, ring_bytes
+from lightning_cocod.core.comm import ring_bytes
+from lightning_cocod.core.compress import SLICE, Bf16Codec, CompressedMean, Int8Codec, make_codec
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -35,7 +35,9 @@ def test_a_codec_of_another_name_is_refused():
         ValueError, match="CoCoDStrategy: compression='fp8' is invalid; accepted: None, bf16, int8"
     ):
         CoCoDStrategy(compression="fp8")
-    with pytest.raises(TypeError, match="error_feedback must be True or False"):
+    with pytest.raises(
+        TypeError, match="LocalSGDStrategy: error_feedback=.yes. is invalid; accepted: True or False"
+    ):
         LocalSGDStrategy(compression="int8", error_feedback="yes")
 
 

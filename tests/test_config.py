@@ -196,7 +196,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["+model.net.depth=3"], "unknown key 'model.net.depth'; ResNet18 accepts: in_channels, num_classes"),
         (
             ["strategy.tau=0"],
-            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0",
+            'strategy: CoCoDStrategy: tau=0 is invalid; accepted: a positive integer (optimizer steps per round) or "auto"',
         ),
         (
             ["tau=0"],
@@ -204,7 +204,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["strategy=local_sgd", "tau=auto"],
-            "strategy: LocalSGDStrategy: tau must be a positive integer (optimizer steps per round), got 'auto'",
+            "strategy: LocalSGDStrategy: tau='auto' is invalid; accepted: a positive integer (optimizer steps per round)",
         ),
         (["strategy=ssgd", "tau=-1"], "tau=-1 is invalid"),  # ignored by S-SGD, still checked
         (
@@ -255,7 +255,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         (["trainer.val_check_interval=often"], "trainer.val_check_interval='often' is invalid; accepted: "),
         (
             ["strategy.tau=often"],
-            "strategy: CoCoDStrategy: tau must be a positive integer or 'auto', got 'often'",
+            "strategy: CoCoDStrategy: tau='often' is invalid; accepted: a positive integer (optimizer steps per round) or \"auto\"",
         ),
         (
             ["hetero.slowdown=[1,0.5]"],
@@ -287,7 +287,10 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
             ["model._target_=mymod.MyModule"],
             "model._target_='mymod.MyModule' is invalid; accepted: an importable class",
         ),
-        (["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"], "tau_min=8 > tau_max=4"),
+        (
+            ["strategy.tau=auto", "+strategy.tau_min=8", "+strategy.tau_max=4"],
+            "tau_min=8 is invalid; accepted: a period no longer than tau_max=4",
+        ),
         (
             ["-m", "strategy=ssgd,cocod", "strategy.tau=2"],
             "unknown key 'strategy.tau'; strategy accepts: _target_, comm_hook, powersgd_rank, process_group_backend, start_method, timeout; "
@@ -295,7 +298,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["-m", "strategy=cocod", "strategy.tau=1,0"],
-            "strategy: CoCoDStrategy: tau must be a positive integer (optimizer steps per round), got 0 [job: ",
+            'strategy: CoCoDStrategy: tau=0 is invalid; accepted: a positive integer (optimizer steps per round) or "auto" [job: ',
         ),
     ],
 )
@@ -432,7 +435,7 @@ def test_a_hydra_launcher_plugin_is_refused_for_a_single_run_too(tmp_path):
 def test_bad_command_lines_exit_nonzero_with_one_line(tmp_path):
     cases = {
         ("trainer.foo=1",): "unknown key 'trainer.foo'",
-        ("strategy.tau=0",): "CoCoDStrategy: tau must be a positive",
+        ("strategy.tau=0",): "CoCoDStrategy: tau=0 is invalid; accepted: a positive",
         # glob() lists the group's options (Hydra's config loader), and each job is checked by name.
         ("-m", "strategy=glob(*)", "launcher.devices=0"): (
             "launcher.devices=0 is invalid; accepted: a positive integer [job: "

@@ -397,6 +397,7 @@ def test_the_readme_links_and_images_point_at_files_that_exist():
         ("lightning_cocod.data", "data.md"),
         ("lightning_cocod.models", "models.md"),
         ("lightning_cocod.core", "core.md"),
+        ("lightning_cocod.rounds", "rounds.md"),
     ],
 )
 def test_the_api_reference_has_every_public_name(module, page):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning_fabric.plugins.io import TorchCheckpointIO
 
-from lightning_cocod.strategies.checkpointing import INTEGRITY_KEY, TRUST_ENV, atomic_save
+from lightning_cocod.rounds.checkpoint import INTEGRITY_KEY, TRUST_ENV, atomic_save
 from tests.helpers import toy
 from tests.helpers.checkpoints import flip_byte_inside
 from tests.test_loop_gloo import SAVE_AT, TAU, WORLD, batches, sgd
@@ -103,7 +103,7 @@ def other_files(fabric, out, plain, other_size):
     warnings = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("lightning_cocod.strategies.fabric").addHandler(handler)
+    logging.getLogger("lightning_cocod.fabric_strategy").addHandler(handler)
     model = toy.initial_model()
     model, optimizer = fabric.setup(model, sgd(model))
     state, loop, data = (
@@ -226,7 +226,7 @@ def test_a_plain_fabric_file_loads_and_another_world_size_is_refused(tmp_path):
     [
         (
             {"start_method": "bogus"},
-            "start_method='bogus' is invalid; accepted: popen, spawn, fork, forkserver",
+            "start_method='bogus' is invalid; accepted: one of 'popen', 'spawn', 'fork', 'forkserver'",
         ),
         ({"weight": 2.0}, "weight=2.0 is invalid; accepted: None (the plain mean) or a number in (0, 1]"),
         (

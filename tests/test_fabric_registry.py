@@ -23,7 +23,7 @@ for package in (lightning_fabric, lightning.fabric):
         "names": sorted(n for n in registry if n.split("_")[0] in ("cocod", "local", "pipe")),
         "chosen": f"{{type(chosen).__module__}}.{{type(chosen).__name__}}",
         "is_theirs": isinstance(chosen, package.strategies.DDPStrategy),
-        "loop": chosen.loop_class.__name__, "options": chosen._loop_options,
+        "loop": chosen.loop_class.__name__, "options": {{**chosen._rounds.options(), "weight": chosen._weight}},
     }}
 print(json.dumps(found))
 """
@@ -57,7 +57,7 @@ def test_both_fabric_namespaces_know_our_methods(imports):
             "chosen": f"{home}.LocalSGDFabricStrategy",
             "is_theirs": True,
             "loop": "LocalSGD",
-            "options": {"weight": None},
+            "options": {"tau": 4, "average_buffers": True, "weight": None},
         }
 
 
@@ -65,13 +65,13 @@ def test_a_fabric_strategy_refuses_bad_options_at_once():
     from lightning_cocod.fabric import CoCoDFabricStrategy
 
     with pytest.raises(
-        ValueError, match=r"^CoCoDFabricStrategy: tau must be a positive integer or 'auto', got 'x'$"
+        ValueError,
+        match=r"^CoCoDFabricStrategy: tau='x' is invalid; accepted: a positive integer \(optimizer steps per round\) or \"auto\"$",
     ):
         CoCoDFabricStrategy(tau="x")
     with pytest.raises(ValueError, match=r"^CoCoDFabricStrategy: timeout=-1 is invalid"):
         CoCoDFabricStrategy(timeout=-1)
-    assert CoCoDFabricStrategy(tau=8, progress=0.5)._loop_options == {
-        "weight": None,
-        "tau": 8,
-        "progress": 0.5,
-    }
+    strategy = CoCoDFabricStrategy(tau=8, progress=0.5)
+    # The rounds built to check the options are the loop's, once fabric.setup has the model.
+    assert strategy._weight is None
+    assert strategy._rounds.options() == {"tau": 8, "progress": 0.5, "average_buffers": True}

@@ -82,7 +82,7 @@ class SlowLink(pl.Callback):
 
     def setup(self, trainer, pl_module, stage):
         strategy, seconds = trainer.strategy, self.seconds
-        inner = strategy._comm
+        inner = strategy.driver.comm
 
         class Delayed:
             def __getattr__(self, name):
@@ -97,6 +97,8 @@ class SlowLink(pl.Callback):
                 class DelayedHandle:
                     launched_at = handle.launched_at
                     exposed_seconds = blocked_seconds = 0.0
+                    bytes_sent, bytes_received = handle.bytes_sent, handle.bytes_received
+                    codec_seconds = handle.codec_seconds
 
                     def wait(self):
                         start = time.perf_counter()
@@ -116,14 +118,14 @@ class SlowLink(pl.Callback):
 
                 return DelayedHandle()
 
-        trainer.strategy._comm = Delayed()
+        trainer.strategy.driver.comm = Delayed()
 
 
 class SteadySteps(toy.ToyRegression):
     def on_train_start(self):
         # The figures each period was chosen from (all-reduced: the same on every rank), as the
         # strategy measured them: (communication, step, round's own work) seconds, and the period.
-        adaptive, self.figures = self.trainer.strategy.rounds.adaptive, []
+        adaptive, self.figures = self.trainer.strategy.rounds.auto.period, []
         chosen = adaptive.update
 
         def update(comm_seconds, step_seconds, round_seconds=0.0):

@@ -98,3 +98,62 @@ def test_the_package_imports_no_module_that_imports_it_back():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# The package's layers, lowest first (docs/organisation.md draws them): a module imports only from
+# its own layer or one below. ``core`` is the averaging rules and the communicator; ``rounds`` what a
+# round does, with no Lightning; the front-ends run the rounds (the Trainer's strategies, the loop API
+# and the Fabric strategies over it) or are Lightning pieces of their own (callbacks, data, models);
+# the entry points are where users import the classes from; the app and the tools use all of it.
+LAYERS = {
+    "foundation": {"_errors", "_files", "_lazy", "_options", "_namespaces", "_registration", "exit_codes"}
+    | {"figures", "methods"},
+    "core": {"core"},
+    "rounds": {"rounds"},
+    "front-ends": {"loop", "fabric_strategy", "strategies", "callbacks", "data", "models"},
+    "entry points": {"", "pl", "lightning", "fabric", "trainer"},
+    "app and tools": {"app", "tools", "launch"},
+}
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of a module, by its first name under the package ("" for the
+    package's own ``__init__``)."""
+    first = module.removeprefix(PACKAGE).removeprefix(".").split(".")[0]
+    return next(i for i, members in enumerate(LAYERS.values()) if first in members)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    names = list(LAYERS)
+    return sorted(
+        f"{a} ({names[layer_of(a)]}) imports {b} ({names[layer_of(b)]})"
+        for a, imported in graph.items()
+        for b in imported
+        if layer_of(b) > layer_of(a)
+    )
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    graph = import_graph()
+    assert all(layer_of(m) >= 0 for m in graph)  # every module has a layer (StopIteration otherwise)
+    # The walk finds an upward import where there is one.
+    assert upward_imports({f"{PACKAGE}.core.flat": {f"{PACKAGE}.rounds.base"}}) == [
+        f"{PACKAGE}.core.flat (core) imports {PACKAGE}.rounds.base (rounds)"
+    ]
+    assert upward_imports(graph) == []
+
+
+def test_the_loop_api_and_the_fabric_strategies_import_nothing_of_the_trainer_strategies():
+    graph = import_graph()
+    beside = {f"{PACKAGE}.loop", f"{PACKAGE}.fabric_strategy"}
+    for module in beside:
+        assert not {m for m in graph[module] if m.startswith(f"{PACKAGE}.strategies")}, module
+    # The Fabric strategies run the loop API's classes; the loop knows nothing of Fabric, and the
+    # Trainer strategies nothing of either.
+    assert f"{PACKAGE}.loop" in graph[f"{PACKAGE}.fabric_strategy"]
+    assert f"{PACKAGE}.fabric_strategy" not in graph[f"{PACKAGE}.loop"]
+    strategies = [m for m in graph if m.startswith(f"{PACKAGE}.strategies")]
+    assert strategies and not any(graph[m] & beside for m in strategies)
+    # The rounds import none of the front-ends.
+    rounds = [m for m in graph if m.startswith(f"{PACKAGE}.rounds")]
+    assert len(rounds) >= 8 and all(layer_of(b) <= layer_of(m) for m in rounds for b in graph[m])

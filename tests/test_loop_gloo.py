@@ -194,10 +194,14 @@ def test_no_process_group_is_refused():
         RuntimeError, match=r"^CoCoD: no process group is initialised; call torch.distributed"
     ):
         CoCoD(model, sgd(model)).__enter__()
-    with pytest.raises(ValueError, match=r"^CoCoD: tau must be a positive integer or 'auto', got 'often'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^CoCoD: tau='often' is invalid; accepted: a positive integer \(optimizer steps per round\) or \"auto\"$",
+    ):
         CoCoD(model, sgd(model), tau="often")
     # Pipe-SGD exchanges gradients: a codec for rounds it never sends is refused, not ignored.
     with pytest.raises(
-        ValueError, match=r"^PipeSGD: compression='int8' is not supported: Pipe-SGD exchanges gradients"
+        ValueError,
+        match=r"^PipeSGD: compression='int8' is invalid; accepted: None: Pipe-SGD exchanges gradients",
     ):
         PipeSGD(model, sgd(model), compression="int8")

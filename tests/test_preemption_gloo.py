@@ -14,7 +14,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.multiprocessing import ProcessExitedException
 
 from lightning_cocod import PREEMPTED_EXIT_CODE, CoCoDStrategy, PipeSGDStrategy, SSGDStrategy
-from lightning_cocod.strategies.checkpointing import verify_checkpoint
+from lightning_cocod.rounds.checkpoint import verify_checkpoint
 from tests.helpers import toy
 from tests.test_reliability_gloo import ROOT, free_port
 

@@ -17,7 +17,7 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from lightning_cocod import CheckpointError, CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy, SSGDStrategy
 from lightning_cocod.core.control import RequestFlags
-from lightning_cocod.strategies.checkpointing import (
+from lightning_cocod.rounds.checkpoint import (
     DIGEST_SUFFIX,
     _temporary,
     atomic_save,
@@ -50,30 +50,32 @@ def test_a_bad_timeout_is_one_line_naming_what_is_accepted(cls, bad):
 
 
 def test_auto_bounds_of_zero_are_refused_not_rounded_up():
-    with pytest.raises(ValueError, match="tau_min must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="tau_min=0 is invalid; accepted: a positive integer"):
         CoCoDStrategy(tau="auto", tau_min=0)
-    with pytest.raises(ValueError, match="tau_max must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="tau_max=0 is invalid; accepted: a positive integer"):
         CoCoDStrategy(tau="auto", tau_max=0)
 
 
 def test_resuming_auto_keeps_this_fits_bounds_and_the_measurements():
     saved = CoCoDStrategy(tau="auto", tau_max=64)
-    saved.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001)  # asks for tau 24
+    saved.rounds.auto.period.update(
+        comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001
+    )  # asks for tau 24
     state = {
         **saved.rounds.state(),
         "steps": 40,
-        "tau": saved.rounds.adaptive.tau,
+        "tau": saved.rounds.auto.period.tau,
         "tau_history": [(0, 4), (8, 24)],
     }
     assert state["tau"] == 24
     resumed = CoCoDStrategy(tau="auto", tau_min=8, tau_max=8)
     resumed.rounds.load_state(state)
-    assert (resumed.rounds.adaptive.tau_min, resumed.rounds.adaptive.tau_max) == (8, 8)
-    assert resumed.tau == 8 and resumed.rounds.adaptive.tau == 8
+    assert (resumed.rounds.auto.period.tau_min, resumed.rounds.auto.period.tau_max) == (8, 8)
+    assert resumed.tau == 8 and resumed.rounds.auto.period.tau == 8
     assert resumed.tau_history == [(0, 4), (8, 24), (40, 8)]
-    assert resumed.rounds.adaptive.comm_seconds == 2.0 and resumed.rounds.adaptive.step_seconds == 0.1
+    assert resumed.rounds.auto.period.comm_seconds == 2.0 and resumed.rounds.auto.period.step_seconds == 0.1
     # the next round's rule still runs within this fit's bounds
-    assert resumed.rounds.adaptive.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 8
+    assert resumed.rounds.auto.period.update(comm_seconds=2.0, step_seconds=0.1, round_seconds=0.001) == 8
 
 
 # -- checkpoint files ------------------------------------------------------------------------------
@@ -132,7 +134,7 @@ def test_a_file_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, content):
 def test_a_plain_checkpoint_loads_with_a_warning_that_nothing_vouches_for_it(tmp_path, caplog):
     path = tmp_path / "lightning.ckpt"
     torch.save({"w": torch.ones(3)}, path)  # no record inside, no checksum beside it
-    with caplog.at_level(logging.WARNING, logger="lightning_cocod.strategies.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="lightning_cocod.rounds.checkpoint"):
         verify_checkpoint(path)
     assert [r.getMessage() for r in caplog.records] == [
         f"checkpoint {path} carries no integrity record (written by Lightning itself or by an older "

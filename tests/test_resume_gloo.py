@@ -10,7 +10,7 @@ from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
 from lightning_cocod.callbacks import ProportionalSampling
 from lightning_cocod.data import DigitsDataModule
 from lightning_cocod.models import ClassifierModule, SmallCNN
-from lightning_cocod.strategies.checkpointing import STATE_KEY
+from lightning_cocod.rounds.checkpoint import STATE_KEY
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 

@@ -259,7 +259,7 @@ def test_no_file_the_package_writes_in_a_run_folder_goes_through_a_planted_link(
     from lightning_cocod._files import open_to_write
     from lightning_cocod.app.files import claim
     from lightning_cocod.app.runs import JOB_CONFIG, JOB_IDENTITY, write_finished, write_start
-    from lightning_cocod.strategies.checkpointing import _temporary, atomic_save, verify_checkpoint
+    from lightning_cocod.rounds.checkpoint import _temporary, atomic_save, verify_checkpoint
 
     victim = tmp_path / "someone-elses.txt"
     victim.write_text("theirs")

@@ -11,7 +11,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.multiprocessing import ProcessExitedException
 
 from lightning_cocod import PREEMPTED_EXIT_CODE, CoCoDStrategy, LocalSGDStrategy
-from lightning_cocod.strategies.checkpointing import verify_checkpoint
+from lightning_cocod.rounds.checkpoint import verify_checkpoint
 from tests.helpers import toy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]

@@ -89,7 +89,7 @@ class RecordOrder(pl.Callback):
 
     def setup(self, trainer, pl_module, stage):
         strategy, log = trainer.strategy, self.events
-        inner = strategy._comm
+        inner = strategy.driver.comm
 
         class Recording:
             def __getattr__(self, name):
@@ -111,7 +111,7 @@ class RecordOrder(pl.Callback):
                 handle.wait = recorded_wait
                 return handle
 
-        strategy._comm = Recording()
+        strategy.driver.comm = Recording()
 
     def on_train_batch_start(self, trainer, *args):
         self.events.append(("step", trainer.global_step))

@@ -64,7 +64,7 @@ def test_cocod_rounds_from_a_plain_loop_follow_the_update_rule():
 
 def test_the_rounds_import_no_lightning():
     code = (
-        "import sys, lightning_cocod.strategies.cocod, lightning_cocod.strategies.pipe_sgd; "
+        "import sys, lightning_cocod.rounds, lightning_cocod.loop, lightning_cocod.fabric_strategy; "
         "print(sorted(m for m in ('pytorch_lightning', 'lightning') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig
 
 from lightning_cocod.app.identity import to_plain
-from lightning_cocod.strategies.reliability import disagreement
+from lightning_cocod.rounds.options import disagreement
 
 
 class ConfigMismatch(RuntimeError):

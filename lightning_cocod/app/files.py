@@ -144,7 +144,7 @@ def resume_checkpoint(cfg: DictConfig, job_dir: Path, verify: bool = True) -> st
     checkpoint, or None for a fresh start. ``last``: the ``last*.ckpt`` of ``job_dir`` that got furthest;
     ``auto``: the same when there is one, else a fresh start (what a requeued or restarted job
     wants: the same command either way)."""
-    from lightning_cocod.strategies.checkpointing import verify_checkpoint
+    from lightning_cocod.rounds.checkpoint import verify_checkpoint
 
     resume = cfg.checkpoint.resume
     if resume is None:
@@ -175,7 +175,7 @@ def newest_checkpoint(job_dir: Path) -> Path | None:
     time says nothing: a ``touch``, a ``cp`` or a sync tool changes it), the later version
     (``last-v1.ckpt`` beside ``last.ckpt``) on a tie; files that cannot be read come last, so
     that one is chosen only when no other is there, to be refused by name. None without any."""
-    from lightning_cocod.strategies.checkpointing import saved_step
+    from lightning_cocod.rounds.checkpoint import saved_step
 
     def progress(path: Path) -> tuple[bool, int, int]:
         step = saved_step(path)

@@ -80,7 +80,7 @@ def run(cfg: DictConfig) -> float | None:
     batch = f"global batch {identity['global_batch_size']} = {cfg.data.batch_size} per rank x {workers}"
     log.info("%s: %d worker(s), %s; output %s", identity["name"], workers, batch, job_dir)
     if resume:
-        from lightning_cocod.strategies.checkpointing import saved_step
+        from lightning_cocod.rounds.checkpoint import saved_step
 
         log.info("%s: resumed from %s at step %s", identity["name"], resume, saved_step(resume))
     config = redact(to_plain(cfg))

@@ -72,7 +72,7 @@ def node_in(node: Any, namespace: str) -> Any:
     """A strategy's or logger's config with its class taken from ``namespace`` (same options): the
     package's strategies from ``lightning_cocod.lightning`` or the top level, Lightning's own
     classes (DDPStrategy, CSVLogger, ...) from the other package. Other nodes as they are."""
-    from lightning_cocod.strategies.namespaces import HOMES
+    from lightning_cocod._namespaces import HOMES
 
     if not isinstance(node, DictConfig) or "_target_" not in node:
         return node

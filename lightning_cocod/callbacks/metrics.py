@@ -17,6 +17,7 @@ from pytorch_lightning.callbacks import Callback, Checkpoint
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from lightning_cocod._files import atomic_write
+from lightning_cocod._options import is_int, is_number, require
 
 
 class StepTimer(Callback):
@@ -141,9 +142,10 @@ class PeriodicCheckpoint(Checkpoint):
             ("every_n_steps", every_n_steps, int),
             ("every_n_minutes", every_n_minutes, (int, float)),
         ):
-            if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
-                what = "an integer" if kind is int else "a number"
-                raise ValueError(f"PeriodicCheckpoint: {name}={value!r} is invalid; accepted: {what} >= 0")
+            ok = (is_int(value) if kind is int else is_number(value)) and value >= 0
+            require(
+                ok, "PeriodicCheckpoint", name, value, f"{'an integer' if kind is int else 'a number'} >= 0"
+            )
         self.dirpath = Path(dirpath)
         self.every_n_epochs, self.every_n_steps = every_n_epochs, every_n_steps
         self.every_n_seconds = 60.0 * every_n_minutes

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from lightning_cocod._options import number, positive_int, require
+
 # The longest period at which CoCoD-SGD kept S-SGD's accuracy on the package's accuracy studies
 # (docs/accuracy/): CoCoDStrategy(tau="auto") stays at or below it unless its tau_max is raised.
 # The rule below knows nothing of accuracy; it only hides time, so a link that needs a longer
@@ -104,21 +106,22 @@ class AdaptivePeriod:
         smoothing: float = 0.5,
         patience: int = 2,
     ) -> None:
-        for name, value in (("tau_min", tau_min), ("tau_max", tau_max)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if tau_min > tau_max:
-            raise ValueError(f"tau bounds are in the wrong order: tau_min={tau_min} > tau_max={tau_max}")
-        if not margin >= 1.0:
-            raise ValueError(
-                f"margin must be >= 1 (a period that only just hides communication), got {margin!r}"
-            )
-        if not 0.0 < overhead < 1.0:
-            raise ValueError(f"overhead must be a share of the step time in (0, 1), got {overhead!r}")
-        if not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be a positive integer (rounds), got {patience!r}")
+        owner = type(self).__name__
+        positive_int(owner, "tau_min", tau_min)
+        positive_int(owner, "tau_max", tau_max)
+        require(tau_min <= tau_max, owner, "tau_min", tau_min, f"a period no longer than tau_max={tau_max}")
+        number(
+            owner,
+            "margin",
+            margin,
+            "a number >= 1 (a period that only just hides communication)",
+            at_least=1.0,
+        )
+        accepted = "a share of the step time in (0, 1)"
+        number(owner, "overhead", overhead, accepted, above=0.0)
+        require(overhead < 1.0, owner, "overhead", overhead, accepted)
+        number(owner, "smoothing", smoothing, "a number in (0, 1]", above=0.0, at_most=1.0)
+        positive_int(owner, "patience", patience, "a positive integer (rounds)")
         self.tau_min, self.tau_max, self.margin, self.overhead = tau_min, tau_max, margin, overhead
         self.smoothing, self.patience = smoothing, patience
         self.tau = min(max(initial, tau_min), tau_max)

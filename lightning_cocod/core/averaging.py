@@ -11,12 +11,12 @@ Local-SGD averages the live model, blocking. Pipe-SGD all-reduces gradients one 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from lightning_cocod._options import number
 from lightning_cocod.core.comm import Communicator, Handle
 from lightning_cocod.core.flat import FlatBuffer
 
@@ -27,12 +27,11 @@ DEFAULT_PROGRESS = 1.0
 
 def check_progress(owner: str, progress: object) -> float:
     """``progress`` as a float, or a one-line ValueError naming ``owner`` and what is accepted."""
-    if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not 0 < progress < math.inf:
-        raise ValueError(
-            f"{owner}: progress={progress!r} is invalid; accepted: a positive number (1: the paper's merge; "
-            "above 1 an outer step beyond the workers' mean progress, as with AdamW's local moments)"
-        )
-    return float(progress)
+    accepted = (
+        "a positive number (1: the paper's merge; above 1 an outer step beyond the workers' mean "
+        "progress, as with AdamW's local moments)"
+    )
+    return number(owner, "progress", progress, accepted, above=0.0)
 
 
 class CoCoDRound:

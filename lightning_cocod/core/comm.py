@@ -50,6 +50,27 @@ class Handle(Protocol):
     def exposed_seconds(self) -> float:
         """Time the caller was held up in ``wait`` (on CUDA: the compute stream's stall)."""
 
+    # What this rank put on the wire and took off it (an exact round: a ring all-reduce's share,
+    # ``ring_bytes``; a compressed one counts its encoded chunks), and the seconds spent encoding
+    # and decoding (0 for an exact round); valid once ``figures_ready``.
+    @property
+    def bytes_sent(self) -> int: ...
+
+    @property
+    def bytes_received(self) -> int: ...
+
+    @property
+    def codec_seconds(self) -> float: ...
+
+
+def ring_bytes(nbytes: int, world_size: int) -> int:
+    """What each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N - 1) / N of it."""
+    return 2 * (world_size - 1) * nbytes // max(world_size, 1)
+
+
+def bucket_bytes(buckets: Sequence[Tensor]) -> int:
+    return sum(b.numel() * b.element_size() for b in buckets)
+
 
 class Communicator(Protocol):
     rank: int
@@ -74,7 +95,7 @@ class CommunicationError(RuntimeError):
 
 
 @contextmanager
-def _failures_named() -> Iterator[None]:
+def failures_named() -> Iterator[None]:
     """A collective that fails in the block raises CommunicationError, with its first line.
     DistBackendError and gloo's own errors are RuntimeErrors."""
     try:
@@ -108,7 +129,9 @@ class _Completion:
 
 
 class _CpuHandle:
-    def __init__(self, works: list[dist.Work], launched: float) -> None:
+    def __init__(self, works: list[dist.Work], launched: float, wire_bytes: int) -> None:
+        self.bytes_sent = self.bytes_received = wire_bytes
+        self.codec_seconds = 0.0
         self._works = works
         self.launched_at = launched
         self.blocked_seconds = 0.0
@@ -117,7 +140,7 @@ class _CpuHandle:
 
     def wait(self) -> None:
         start = time.perf_counter()
-        with _failures_named():
+        with failures_named():
             for work in self._works:
                 work.wait()
         end = time.perf_counter()
@@ -211,7 +234,11 @@ class _DeviceHandle:
     its lead as communication.
     """
 
-    def __init__(self, clock: DeviceClock, works: list[Any], launched: Any, queued_at: float) -> None:
+    def __init__(
+        self, clock: DeviceClock, works: list[Any], launched: Any, queued_at: float, wire_bytes: int
+    ) -> None:
+        self.bytes_sent = self.bytes_received = wire_bytes
+        self.codec_seconds = 0.0
         self._clock, self._works, self._launched = clock, works, launched
         self._started = clock.host_time_at(launched)
         self._queued_at = queued_at
@@ -227,7 +254,7 @@ class _DeviceHandle:
         stall_start, stall_end = self._stall
         stall_start.record(compute)
         began = self._clock.now()
-        with _failures_named():
+        with failures_named():
             self._order_after_landing(compute)
         self.blocked_seconds = self._clock.now() - began
         stall_end.record(compute)
@@ -254,9 +281,15 @@ class _StreamLandedHandle(_DeviceHandle):
     without blocking the host), so launch to landing is the collective's own time."""
 
     def __init__(
-        self, clock: DeviceClock, works: list[Any], launched: Any, landed: Any, queued_at: float
+        self,
+        clock: DeviceClock,
+        works: list[Any],
+        launched: Any,
+        landed: Any,
+        queued_at: float,
+        wire_bytes: int,
     ) -> None:
-        super().__init__(clock, works, launched, queued_at)
+        super().__init__(clock, works, launched, queued_at, wire_bytes)
         self._landed = landed
 
     def _order_after_landing(self, compute: Any) -> None:
@@ -279,9 +312,15 @@ class _HostLandedHandle(_DeviceHandle):
     """
 
     def __init__(
-        self, clock: DeviceClock, works: list[Any], launched: Any, queued_at: float, side: Any
+        self,
+        clock: DeviceClock,
+        works: list[Any],
+        launched: Any,
+        queued_at: float,
+        side: Any,
+        wire_bytes: int,
     ) -> None:
-        super().__init__(clock, works, launched, queued_at)
+        super().__init__(clock, works, launched, queued_at, wire_bytes)
         self._side = side
         self._completion = _Completion(works, clock.now)
 
@@ -305,13 +344,16 @@ def start_on_device(
     share: float,
     all_reduce: Callable[[Tensor], Any],
     lands_on_stream: bool,
+    world_size: int,
 ) -> Handle:
-    """Scale and all-reduce ``buckets`` from the side stream ``side``; returns the handle.
+    """Scale and all-reduce ``buckets`` (over ``world_size`` ranks, for the bytes it counts) from
+    the side stream ``side``; returns the handle.
 
     With ``lands_on_stream`` (NCCL) the side stream then waits for the collective, so nothing
     queued on it later runs before this round has landed: queue there only what may wait for it.
     """
     compute = clock.current_stream()
+    wire = ring_bytes(bucket_bytes(buckets), world_size)
     # The buckets were packed on the compute stream: the side stream must not read them earlier.
     side.wait_stream(compute)
     with clock.use_stream(side):
@@ -322,13 +364,13 @@ def start_on_device(
             bucket.mul_(share)
         works = [all_reduce(bucket) for bucket in buckets]
         if not lands_on_stream:
-            return _HostLandedHandle(clock, works, launched, queued_at, side)
-        with _failures_named():
+            return _HostLandedHandle(clock, works, launched, queued_at, side, wire)
+        with failures_named():
             for work in works:
                 work.wait()  # orders the side stream after NCCL's; the host does not block
         landed = clock.new_event()
         landed.record(side)
-    return _StreamLandedHandle(clock, works, launched, landed, queued_at)
+    return _StreamLandedHandle(clock, works, launched, landed, queued_at, wire)
 
 
 def device_backend(group: dist.ProcessGroup | None, device: torch.device) -> str:
@@ -371,7 +413,7 @@ class TorchDistCommunicator:
         return cls(group, device)
 
     def _all_reduce(self, bucket: Tensor) -> dist.Work:
-        with _failures_named():
+        with failures_named():
             return dist.all_reduce(bucket, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
@@ -380,13 +422,14 @@ class TorchDistCommunicator:
             launched = time.perf_counter()
             for bucket in buckets:
                 bucket.mul_(share)
-            return _CpuHandle([self._all_reduce(b) for b in buckets], launched)
+            wire = ring_bytes(bucket_bytes(buckets), self.world_size)
+            return _CpuHandle([self._all_reduce(b) for b in buckets], launched, wire)
         return start_on_device(
-            self._clock, self._stream, buckets, share, self._all_reduce, self.lands_on_stream
+            self._clock, self._stream, buckets, share, self._all_reduce, self.lands_on_stream, self.world_size
         )
 
     def broadcast(self, buckets: Sequence[Tensor], src: int) -> None:
-        with _failures_named():
+        with failures_named():
             for bucket in buckets:
                 dist.broadcast(bucket, src=dist.get_global_rank(self.group, src), group=self.group)
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_cocod.core.comm import Handle, _failures_named
+from lightning_cocod.core.comm import Handle, failures_named
 
 SLICE = 1 << 17  # elements the codec works on at a time (see ``_slices``)
 INT8_BLOCK = (
@@ -126,11 +126,6 @@ def make_codec(name: str | None) -> Bf16Codec | Int8Codec | None:
     return CODECS[name]()
 
 
-def ring_bytes(nbytes: int, world_size: int) -> int:
-    """What each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 (N - 1) / N of it."""
-    return 2 * (world_size - 1) * nbytes // max(world_size, 1)
-
-
 class _ThreadHandle:
     """A round run by the exchange thread; its figures are the thread's own clock readings."""
 
@@ -143,7 +138,7 @@ class _ThreadHandle:
 
     def wait(self) -> None:
         start = time.perf_counter()
-        with _failures_named():
+        with failures_named():
             self._future.result()
         if self._done_event is not None:
             torch.cuda.current_stream().wait_event(self._done_event)
@@ -182,17 +177,43 @@ class _ExactHandle:
     """The exact fp32 mean of a round without ``A``: the inner communicator's handle, whose bytes
     are a ring all-reduce's, and which sets ``A`` once it has landed."""
 
-    def __init__(self, inner: Handle, owner: CompressedMean, buckets: Sequence[Tensor], nbytes: int) -> None:
+    def __init__(self, inner: Handle, owner: CompressedMean, buckets: Sequence[Tensor]) -> None:
         self._inner, self._owner, self._buckets = inner, owner, list(buckets)
-        self.bytes_sent = self.bytes_received = ring_bytes(nbytes, owner.world_size)
-        self.codec_seconds = 0.0
 
     def wait(self) -> None:
         self._inner.wait()
         self._owner.reference = [b.detach().float().clone() for b in self._buckets]
 
-    def __getattr__(self, name: str) -> Any:  # launched_at, comm_seconds, figures_ready, ...
-        return getattr(self._inner, name)
+    def figures_ready(self) -> bool:
+        return self._inner.figures_ready()
+
+    @property
+    def launched_at(self) -> float:
+        return self._inner.launched_at
+
+    @property
+    def blocked_seconds(self) -> float:
+        return self._inner.blocked_seconds
+
+    @property
+    def comm_seconds(self) -> float:
+        return self._inner.comm_seconds
+
+    @property
+    def exposed_seconds(self) -> float:
+        return self._inner.exposed_seconds
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._inner.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self._inner.bytes_received
+
+    @property
+    def codec_seconds(self) -> float:
+        return self._inner.codec_seconds
 
 
 class CompressedMean:
@@ -223,8 +244,7 @@ class CompressedMean:
     def start_mean(self, buckets: Sequence[Tensor], weight: float | None = None) -> Handle:
         share = 1.0 / self.world_size if weight is None else float(weight)
         if self.delta and self.reference is None:
-            nbytes = sum(b.numel() * b.element_size() for b in buckets)
-            return _ExactHandle(self.comm.start_mean(buckets, weight), self, buckets, nbytes)
+            return _ExactHandle(self.comm.start_mean(buckets, weight), self, buckets)
         if self.reference is None:  # the raw-values control: the reference stays zero
             self.reference = [torch.zeros(b.shape, dtype=torch.float32, device=b.device) for b in buckets]
         launched_at = time.perf_counter()
@@ -234,7 +254,7 @@ class CompressedMean:
             self._side.wait_stream(torch.cuda.current_stream())
             done_event = torch.cuda.Event()
         future = self._thread.submit(self._round, list(buckets), share, done_event)
-        return _ThreadHandle(future, launched_at, done_event)  # type: ignore[return-value]
+        return _ThreadHandle(future, launched_at, done_event)
 
     def _round(self, buckets: list[Tensor], share: float, done_event: Any) -> dict[str, float]:
         if self._side is None:
@@ -347,7 +367,7 @@ class CompressedMean:
         """Run ``collective(out, payload)`` on the group; gloo takes CUDA payloads through the host."""
         wire = payload.cpu() if self._staged else payload
         out = torch.empty(out_numel, dtype=torch.uint8, device=wire.device)
-        with _failures_named():
+        with failures_named():
             collective(out, wire, group=self.comm.group)
         return out.to(payload.device) if self._staged else out
 

@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from lightning_cocod._options import require  # noqa: F401 - the data modules import it from here
 from lightning_cocod.data.augment import normalize, random_crop, random_flip
 from lightning_cocod.data.sharding import (
     ShardedBatchSampler,
@@ -21,12 +22,6 @@ from lightning_cocod.data.sharding import (
 
 def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def require(ok: bool, owner: str, name: str, value: object, accepted: str) -> None:
-    """The one-line error for an argument of ``owner`` that is not ``accepted``."""
-    if not ok:
-        raise ValueError(f"{owner}: {name}={value!r} is invalid; accepted: {accepted}")
 
 
 class InMemoryDataModule(pl.LightningDataModule):

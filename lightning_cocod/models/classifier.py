@@ -14,6 +14,7 @@ from torch.optim import SGD
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_cocod._options import require
 from lightning_cocod.models.nets import build_model
 from lightning_cocod.models.schedule import SCHEDULES, lr_factor
 
@@ -38,8 +39,7 @@ def param_groups(net: nn.Module, weight_decay: float, no_decay_bn_bias: bool) ->
 
 
 def _require(ok: bool, name: str, value: object, accepted: str) -> None:
-    if not ok:
-        raise ValueError(f"ClassifierModule: {name}={value!r} is invalid; accepted: {accepted}")
+    require(ok, "ClassifierModule", name, value, accepted)
 
 
 class ClassifierModule(pl.LightningModule):

@@ -11,16 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from lightning_cocod._options import is_int as _is_int
+from lightning_cocod._options import require as _require
 from lightning_cocod.models.classifier import ClassifierModule
-
-
-def _require(ok: bool, owner: str, name: str, value: object, accepted: str) -> None:
-    if not ok:
-        raise ValueError(f"{owner}: {name}={value!r} is invalid; accepted: {accepted}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Block(nn.Module):

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_cocod._options import is_int, positive_int, require
+
 
 class _FeaturesThenLinear(nn.Module):
     """``classifier(flatten(features(x)))``: subclasses set both."""
@@ -156,15 +158,13 @@ class MNIST1DCNN(_FeaturesThenLinear):
         super().__init__()
         sizes = {"in_channels": in_channels, "num_classes": num_classes, "channels": channels}
         for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"MNIST1DCNN: {name}={value!r} is invalid; accepted: a positive integer")
+            positive_int("MNIST1DCNN", name, value)
         out = length
         for kernel, stride, padding in _MNIST1D_LAYERS:
             out = (out + 2 * padding - kernel) // stride + 1
-        if isinstance(length, bool) or not isinstance(length, int) or out < 1:
-            raise ValueError(
-                f"MNIST1DCNN: length={length!r} is invalid; accepted: an integer >= 3 (the signal length)"
-            )
+        require(
+            is_int(length) and out >= 1, "MNIST1DCNN", "length", length, "an integer >= 3 (the signal length)"
+        )
         layers: list[nn.Module] = []
         for cin, (kernel, stride, padding) in zip((in_channels, channels, channels), _MNIST1D_LAYERS):
             layers += [nn.Conv1d(cin, channels, kernel, stride, padding), nn.ReLU(inplace=True)]

@@ -2,9 +2,8 @@
 rendezvous, launchers, Lightning's private attributes we patch, signals and requests, checkpoint
 files.
 
-Every Lightning hook is defined here once, in the order it runs. Where the strategies that
-average models (``SyncStrategyBase``) do more, the hook calls one of the steps below marked
-"rounds", which do nothing here.
+Every Lightning hook is defined here once, in the order it runs. Where a strategy averages models
+(``SyncStrategyBase``), the hook also calls its ``TrainerRounds`` (``driver``); S-SGD has none.
 """
 
 from __future__ import annotations
@@ -16,9 +15,12 @@ import pickle
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from lightning_cocod.strategies.checkpointing import (
+from typing_extensions import override
+
+from lightning_cocod._namespaces import HOMES
+from lightning_cocod.rounds.checkpoint import (
     STATE_KEY,
     CheckpointError,
     atomic_save,
@@ -26,34 +28,29 @@ from lightning_cocod.strategies.checkpointing import (
     remove_digest,
     remove_stale_temporaries,
 )
-from lightning_cocod.strategies.namespaces import HOMES
-from lightning_cocod.strategies.reliability import (
-    ReliableStrategy,
-    RendezvousError,
-    first_line,
-    parse_timeout,
-)
+from lightning_cocod.rounds.options import parse_timeout, start_method
+from lightning_cocod.strategies.reliability import ReliableStrategy, RendezvousError, first_line
 from lightning_cocod.strategies.rendezvous import RUN_ENVIRONMENT, init_default_group
 
-_START_METHODS = ("popen", "spawn", "fork", "forkserver")
+if TYPE_CHECKING:
+    from lightning_cocod.rounds.base import Rounds
+    from lightning_cocod.strategies.driver import TrainerRounds
 
 
 class StrategyCommon(ReliableStrategy):
     """Mixed in before a DDPStrategy class (see ``namespaces``)."""
 
     strategy_name: ClassVar[str] = ""  # its name in the registry (see ``namespaces``)
+    driver: TrainerRounds | None = None  # the rounds run from the hooks below; S-SGD has none
     namespace: ClassVar[str] = ""  # the Lightning package of the DDPStrategy below this class
 
-    def _common_init(self, timeout: Any, start_method: str) -> dict[str, Any]:
+    def _common_init(self, timeout: Any, method: str) -> dict[str, Any]:
         """The DDPStrategy options every strategy of ours checks the same way."""
         name = type(self).__name__
-        if start_method not in _START_METHODS:
-            raise ValueError(
-                f"{name}: start_method={start_method!r} is not one of {', '.join(map(repr, _START_METHODS))}"
-            )
+        start_method(name, method)
         self._init_reliability()
         self._environment_before: dict[str, str | None] = {}
-        return {"timeout": parse_timeout(name, timeout), "start_method": start_method}
+        return {"timeout": parse_timeout(name, timeout), "start_method": method}
 
     def _options(self) -> dict[str, Any]:
         """The algorithm's options, as the constructor takes them."""
@@ -70,6 +67,7 @@ class StrategyCommon(ReliableStrategy):
 
     # -- set-up, in the order Lightning runs it --------------------------------------------
 
+    @override
     def setup_distributed(self) -> None:
         self._steps = 0  # a fit's own count; a checkpoint's is restored later, in configure_ddp
         self._requested_path: str | None = None
@@ -91,7 +89,8 @@ class StrategyCommon(ReliableStrategy):
                 )
             super().setup_distributed()
             # Our own process groups (collectives: the same order on every rank).
-            self._open_round_group()
+            if self.driver is not None:
+                self.driver.open_groups()
             self._setup_requests()
         except RendezvousError:
             raise
@@ -104,6 +103,7 @@ class StrategyCommon(ReliableStrategy):
                 "from this node"
             ) from None
 
+    @override
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
         launcher = self._launcher
@@ -129,11 +129,13 @@ class StrategyCommon(ReliableStrategy):
             launcher.get_extra_results = self._results_for_main_process
             launcher.update_main_process_results = self._update_from_worker
 
+    @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
         if trainer.state.fn == "fit":
             self._patch_loops(trainer)
-            self._check_fit()
+            if self.driver is not None:
+                self.driver.check_fit()
 
     def _patch_loops(self, trainer: Any) -> None:
         # Lightning 2.6 broadcasts a SIGTERM flag from rank 0 before *every* training step. That is
@@ -149,43 +151,71 @@ class StrategyCommon(ReliableStrategy):
 
     # -- training --------------------------------------------------------------------------
 
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         self._check_same_start(self.lightning_module.trainer.global_step)  # a checkpoint is restored by now
-        self._resume_rank_state()
+        if self.driver is not None:
+            self.driver.resume_rank_state()
         self._install_signal_handlers()  # after Lightning registered its own (they would replace ours)
 
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._log_rounds()
+        if self.driver is not None:
+            self.driver.log()
         super().on_train_batch_start(batch, batch_idx)
         self._act_on_requests(self.lightning_module.trainer)
 
+    @override
     def optimizer_step(
         self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
-        self._begin_step()
-        output = super().optimizer_step(optimizer, self._exchanging_after(closure), model, **kwargs)
+        rounds = self.driver.rounds if self.driver is not None else None  # S-SGD: none
+        if rounds is not None:
+            with self._collective("launching a round"):
+                rounds.run(rounds.begin_step)
+            closure = self._exchanging_after(closure, rounds)
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps += 1
-        self._end_step()
+        if rounds is not None:
+            with self._collective("finishing a round"):
+                rounds.run(rounds.end_step)
         self._exchange_requests()
         return output
 
+    def _exchanging_after(self, closure: Callable[[], Any], rounds: Rounds) -> Callable[[], Any]:
+        """``closure`` (forward and backward), then the rounds' exchange before the optimizer's update."""
+
+        def closure_then_exchange() -> Any:
+            result = closure()
+            with self._collective("exchanging gradients"):
+                rounds.run(rounds.exchange)
+            return result
+
+        return closure_then_exchange
+
+    @override
     def on_exception(self, exception: BaseException) -> None:
         # A peer may be gone: waiting on in-flight work could hang until the group timeout.
         if self._requests is not None:
             self._requests.abandon()
-        self._abandon_in_flight()
+        if self.driver is not None:
+            self.driver.rounds.abandon()
         super().on_exception(exception)
 
+    @override
     def on_train_end(self) -> None:
-        self._sync_point()
+        if self.driver is not None:
+            self.driver.sync()
         super().on_train_end()
         self._drain_requests()
         # A checkpoint asked for in the last steps is still written; a stop is moot, fit is over.
         self._act_on_requests(self.lightning_module.trainer, stopping_allowed=False)
 
+    @override
     def teardown(self) -> None:
-        self._close_rounds()
+        if self.driver is not None:
+            self.driver.close()
         self._restore_signal_handlers()
         if self._requests is not None:
             with contextlib.suppress(Exception):
@@ -202,13 +232,16 @@ class StrategyCommon(ReliableStrategy):
 
     # -- checkpoint files --------------------------------------------------------------------
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
-        self._add_rank_state(checkpoint)  # on every rank: it gathers
+        if self.driver is not None:
+            self.driver.add_rank_state(checkpoint)  # on every rank: it gathers
         if self.global_rank == 0:
             atomic_save(self.checkpoint_io, checkpoint, filepath, storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Every rank reads the file as data (``weights_only=False``, said by hand, is the caller
         trusting it) and checks it against the integrity record it carries."""
@@ -224,52 +257,15 @@ class StrategyCommon(ReliableStrategy):
             )
         except CheckpointError as err:
             raise CheckpointError(f"rank {self.global_rank}: {err}") from None
-        self._take_restored(checkpoint)
+        if self.driver is not None:
+            self.driver.take_restored(checkpoint)
         return checkpoint
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         super().remove_checkpoint(filepath)
         if self.global_rank == 0:
             remove_digest(filepath)
-
-    # -- rounds: what SyncStrategyBase adds to the hooks above ----------------------------------
-
-    def _open_round_group(self) -> None:
-        """Once the default group exists, on every rank."""
-
-    def _check_fit(self) -> None:
-        """Once the optimizers exist, before fit."""
-
-    def _resume_rank_state(self) -> None:
-        """This rank's own state from the checkpoint being resumed, when training starts."""
-
-    def _log_rounds(self) -> None:
-        """Figures to the loggers, at a batch start."""
-
-    def _begin_step(self) -> None:
-        """Before forward/backward of an optimizer step."""
-
-    def _exchanging_after(self, closure: Callable[[], Any]) -> Callable[[], Any]:
-        """``closure`` (forward and backward), followed by whatever comes before the optimizer's update."""
-        return closure
-
-    def _end_step(self) -> None:
-        """After the optimizer step; ``_steps`` already counts it."""
-
-    def _abandon_in_flight(self) -> None:
-        """Forget pending handles without waiting."""
-
-    def _sync_point(self) -> None:
-        """Make every rank's weights the run's (end of fit, a checkpoint)."""
-
-    def _close_rounds(self) -> None:
-        """At teardown, before the groups go."""
-
-    def _add_rank_state(self, checkpoint: dict[str, Any]) -> None:
-        """What resuming exactly needs beyond Lightning's own checkpoint."""
-
-    def _take_restored(self, checkpoint: dict[str, Any]) -> None:
-        """Read what ``_add_rank_state`` added, from a checkpoint just loaded."""
 
     # -- spawn/fork launchers ----------------------------------------------------------------
 
@@ -280,7 +276,7 @@ class StrategyCommon(ReliableStrategy):
         # fit) blocked rank 0 in put() and the parent in join() for ever. The queue carries the path.
         fd, path = tempfile.mkstemp(prefix="cocod-worker-results-", suffix=".pkl")
         with os.fdopen(fd, "wb") as fh:
-            pickle.dump(self._worker_results(), fh)
+            pickle.dump(self.driver.results() if self.driver is not None else {}, fh)
         extra[STATE_KEY] = path
         return extra
 
@@ -293,11 +289,5 @@ class StrategyCommon(ReliableStrategy):
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        self._take_worker_results(results)
-
-    def _worker_results(self) -> dict[str, Any]:
-        """What a spawn/fork parent learns from rank 0 when fit ends."""
-        return {}
-
-    def _take_worker_results(self, results: dict[str, Any]) -> None:
-        """The parent's side of ``_worker_results``."""
+        if self.driver is not None:
+            self.driver.take_results(results)

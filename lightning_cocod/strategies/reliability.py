@@ -1,6 +1,6 @@
 """What lets a long run survive a real cluster, shared by every strategy of this package (S-SGD
 included): one validated timeout, a dead peer named in every collective, a coordinated stop when
-any one worker is preempted, and checkpoints that are whole or absent (``checkpointing``, written
+any one worker is preempted, and checkpoints that are whole or absent (``rounds.checkpoint``, written
 and read by ``common``).
 
 Preemption. A spot node gets SIGTERM alone, a SLURM job SIGUSR1 before its deadline. Lightning's
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import threading
@@ -26,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override
 
 from lightning_cocod._errors import first_line
 from lightning_cocod.core.comm import CommunicationError, TorchDistCommunicator
 from lightning_cocod.core.control import RequestFlags
 from lightning_cocod.exit_codes import PREEMPTED_EXIT_CODE
-from lightning_cocod.strategies.checkpointing import CheckpointError
+from lightning_cocod.rounds.checkpoint import CheckpointError
 
 if TYPE_CHECKING:  # what the mixin is mixed into (see ``namespaces``), so its super() calls are checked
     from pytorch_lightning.strategies import DDPStrategy as _MixedInto
@@ -40,25 +40,8 @@ else:
 
 log = logging.getLogger(__name__)
 
-# torch's default for gloo/nccl process groups; Lightning's DDPStrategy uses the same.
-DEFAULT_TIMEOUT = timedelta(seconds=1800)
 _STOP, _CHECKPOINT = 0, 1  # slots of the request flags
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-def disagreement(
-    values: list[dict[str, Any]], remedy: str = "every rank must be started with the same config"
-) -> str | None:
-    """The first key on which a rank differs from rank 0 (``values``: every rank's, gathered), in
-    words ending with ``remedy``, or None."""
-    for key, mine in values[0].items():
-        for rank, other in enumerate(values[1:], start=1):
-            if other.get(key) != mine:
-                return (
-                    f"rank {rank} disagrees with rank 0 on {key}: {mine!r} on rank 0, "
-                    f"{other.get(key)!r} on rank {rank}; {remedy}"
-                )
-    return None
 
 
 class WorkerLostError(RuntimeError):
@@ -83,19 +66,6 @@ class Preempted(SystemExit):
             else "no checkpoint (the Trainer has no checkpoint callback)"
         )
         return f"stopped at optimizer step {self.step} on {self.reason}; {saved}"
-
-
-def parse_timeout(owner: str, value: Any) -> timedelta:
-    """Seconds (what a YAML config can say) or a timedelta, positive and finite."""
-    if value is None:
-        return DEFAULT_TIMEOUT
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value) if number else math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"{owner}: timeout={value!r} is invalid; accepted: a positive number of seconds or a datetime.timedelta"
-        )
-    return timedelta(seconds=seconds)
 
 
 class ReliableStrategy(_MixedInto):
@@ -251,18 +221,22 @@ class ReliableStrategy(_MixedInto):
         # gloo reports a dead peer as a plain RuntimeError ("Connection closed by peer").
         return self._collective(what, failures=(RuntimeError,))
 
+    @override
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         with self._lightning_collective("reducing a logged value (sync_dist)"):
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
+    @override
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
         with self._lightning_collective(f"at barrier {name!r}"):
             super().barrier(name, *args, **kwargs)
 
+    @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         with self._lightning_collective("broadcasting from rank 0"):
             return super().broadcast(obj, src)
 
+    @override
     def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
         with self._lightning_collective("gathering a tensor from every rank"):
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)

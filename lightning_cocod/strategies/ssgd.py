@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from typing_extensions import override
 
+from lightning_cocod._options import invalid, positive_int
 from lightning_cocod.strategies.common import StrategyCommon
 
 COMM_HOOKS = ("bf16", "fp16", "powersgd")
@@ -30,18 +32,14 @@ def comm_hook_options(comm_hook: str | None, powersgd_rank: int) -> dict[str, An
     if comm_hook in ("bf16", "fp16"):
         return {"ddp_comm_hook": getattr(default_hooks, f"{comm_hook}_compress_hook")}
     if comm_hook == "powersgd":
-        if isinstance(powersgd_rank, bool) or not isinstance(powersgd_rank, int) or powersgd_rank < 1:
-            raise ValueError(
-                f"SSGDStrategy: powersgd_rank={powersgd_rank!r} is invalid; accepted: a positive integer"
-            )
+        positive_int("SSGDStrategy", "powersgd_rank", powersgd_rank)
         # Compressed from the second step on (torch's default waits 1,000 steps): the comparison
         # with compressed CoCoD rounds is then about compression for the whole run.
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=2
         )
         return {"ddp_comm_hook": powerSGD_hook.powerSGD_hook, "ddp_comm_state": state}
-    accepted = ", ".join(["None", *COMM_HOOKS])
-    raise ValueError(f"SSGDStrategy: comm_hook={comm_hook!r} is invalid; accepted: {accepted}")
+    raise invalid("SSGDStrategy", "comm_hook", comm_hook, ", ".join(["None", *COMM_HOOKS]))
 
 
 class SSGDMethod(StrategyCommon):
@@ -75,6 +73,7 @@ class SSGDMethod(StrategyCommon):
         self.comm_hook = comm_hook
         super().__init__(**ddp_options, **hook, **self._common_init(timeout, start_method))
 
+    @override
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None or self.root_device.type == "cuda":
             return super()._register_ddp_hooks()

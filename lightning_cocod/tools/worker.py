@@ -232,7 +232,9 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "model_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
         # The most flat-buffer memory the strategy held at once.
-        "buffer_bytes": getattr(trainer.strategy, "peak_buffer_bytes", 0),
+        "buffer_bytes": rounds.peak_buffer_bytes
+        if (rounds := getattr(trainer.strategy, "rounds", None))
+        else 0,
         "tau_history": getattr(trainer.strategy, "tau_history", None),
         "placement": where["record"],
         "batch_split_history": sampling.history if sampling is not None else None,

@@ -7,7 +7,7 @@ import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from lightning_cocod import CheckpointError
-from lightning_cocod.strategies.checkpointing import atomic_save, read_checkpoint, verify_checkpoint
+from lightning_cocod.rounds.checkpoint import atomic_save, read_checkpoint, verify_checkpoint
 from tests.helpers.checkpoints import flip_byte_inside
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from lightning_cocod.core.comm import bucket_bytes, ring_bytes
+
 
 class FakeCluster:
     def __init__(self, world_size: int) -> None:
@@ -46,9 +48,13 @@ class FakeHandle:
     blocked_seconds = 0.0
     launched_at = 0.0
 
+    codec_seconds = 0.0
+
     def __init__(self, comm: FakeComm, index: int, buckets: list[torch.Tensor]) -> None:
         self.comm, self.index, self.buckets = comm, index, buckets
         self.done = False
+        # What a ring all-reduce of the buckets would send, as a real exact round counts it.
+        self.bytes_sent = self.bytes_received = ring_bytes(bucket_bytes(buckets), comm.world_size)
 
     def is_completed(self) -> bool:
         return len(self.comm.cluster.contributions[self.index]) == self.comm.world_size

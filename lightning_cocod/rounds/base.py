@@ -3,11 +3,12 @@ points, the state a checkpoint keeps and the figures of every round.
 
 ``Rounds`` takes a module, its optimizers, a communicator (a process group of its own) and the
 count of optimizer steps, which its caller advances (``steps``). Around every optimizer step the
-caller runs, each under ``torch.no_grad()``: ``begin_step`` before forward and backward,
+caller runs, each under ``torch.no_grad()`` (``run``): ``begin_step`` before forward and backward,
 ``exchange`` after backward, ``end_step`` after the optimizer step. An algorithm
 (``CoCoDRounds``, ``LocalSGDRounds``, ``PipeSGDRounds``) decides what is communicated at each
 of them and what is in flight (``flush``); this class does the rest once. The Lightning
-strategies (``SyncStrategyBase``) are a thin layer that calls it from their hooks.
+strategies (``strategies.base``), the loop API (``loop``) and the Fabric strategies are thin
+layers that call it from their hooks; nothing here knows Lightning.
 
 Decisions:
 - momentum and all other optimizer state stay local to each worker;
@@ -32,9 +33,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_cocod._options import boolean, count, one_of
 from lightning_cocod.core import (
     CommStats,
     Communicator,
@@ -44,13 +47,24 @@ from lightning_cocod.core import (
     average_blocking,
     has_nonfinite,
 )
-from lightning_cocod.core.compress import CompressedMean, make_codec, ring_bytes
-from lightning_cocod.strategies.health import NonFiniteError
+from lightning_cocod.core.compress import CompressedMean, make_codec
+from lightning_cocod.rounds.health import (
+    ON_NONFINITE,
+    bad_ranks,
+    health_flags,
+    nonfinite_error,
+    restart_from_healthy,
+)
+from lightning_cocod.rounds.options import check_weight
 
 log = logging.getLogger(__name__)
-# What a round does with NaN/Inf on a worker (``health``): stop every rank, drop the update and
-# restart the bad workers from a healthy one, or average and save them as DDPStrategy does.
-ON_NONFINITE = ("raise", "skip", "allow")
+
+
+def broadcast_from_rank_zero(module: torch.nn.Module) -> None:
+    """What the DistributedDataParallel constructor does, which no strategy of ours builds."""
+    if dist.is_available() and dist.is_initialized():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.detach(), src=0)
 
 
 class Rounds:
@@ -69,18 +83,13 @@ class Rounds:
             self.codec = make_codec(compression)
         except ValueError as err:
             raise ValueError(f"{owner}: {err}") from None
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{owner}: error_feedback must be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
+        self.error_feedback = boolean(owner, "error_feedback", error_feedback)
         # The periodic average in encoded deltas (core.compress): the algorithms that average the
         # model every round send it through ``round_comm``; consistency points stay exact.
         self.compressed: CompressedMean | None = None
         self.codec_comm: Any = None
-        if on_nonfinite not in ON_NONFINITE:
-            accepted = ", ".join(map(repr, ON_NONFINITE))
-            raise ValueError(f"{owner}: on_nonfinite={on_nonfinite!r} is not one of {accepted}")
-        if not isinstance(average_buffers, bool):
-            raise TypeError(f"{owner}: average_buffers must be True or False, got {average_buffers!r}")
+        one_of(owner, "on_nonfinite", on_nonfinite, ON_NONFINITE)
+        boolean(owner, "average_buffers", average_buffers)
         self.owner = owner
         self.average_buffers = average_buffers
         self.on_nonfinite = on_nonfinite
@@ -96,7 +105,7 @@ class Rounds:
         self.control: Communicator | None = None  # small messages (flags, figures): a CPU group if given
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.tensors: list[Tensor] = []
-        self._names: list[str] = []  # what each of ``tensors`` is in the module, for following it
+        self.names: list[str] = []  # what each of ``tensors`` is in the module, for following it
         self._scratch: FlatBuffer | None = None
         self._parked_in: FlatBuffer | None = None  # holds the live weights while evaluation sees the average
         self._unrecorded: list[
@@ -136,8 +145,8 @@ class Rounds:
         self.codec_comm = codec_comm
         self.module, self.comm, self.control = module, comm, control if control is not None else comm
         self.rank, self.world_size, self.device = rank, world_size, device
-        live = self._live_tensors()
-        self._names = [name for name, _ in live]
+        live = self.live_tensors()
+        self.names = [name for name, _ in live]
         self.tensors = [t.detach() for _, t in live]
 
     def start(self) -> None:
@@ -184,13 +193,17 @@ class Rounds:
     def abandon(self) -> None:
         """Forget what is in flight without waiting: a peer may be gone."""
 
+    def agreed(self) -> dict[str, Any]:
+        """What every rank must be given alike (a rank's own weight may differ)."""
+        return {"class": self.owner, **self.options()}
+
     def request_lag(self) -> int:
         """Steps a worker may run ahead of a peer anyway: stop and checkpoint requests need be no tighter."""
         return 1
 
     # -- following the model -----------------------------------------------------------------
 
-    def _live_tensors(self) -> list[tuple[str, Tensor]]:
+    def live_tensors(self) -> list[tuple[str, Tensor]]:
         """(name, tensor) of what the rounds average, as the module holds them now."""
         assert self.module is not None
         named = [(n, p) for n, p in self.module.named_parameters() if p.is_floating_point()]
@@ -208,7 +221,7 @@ class Rounds:
         they stay valid); anything else would change the collective's layout under a round in
         flight, and is refused.
         """
-        live = self._live_tensors()
+        live = self.live_tensors()
         self.refuse_untracked_optimizer_tensors(live)
         if len(live) == len(self.tensors) and all(
             name == known
@@ -216,7 +229,7 @@ class Rounds:
             and t.shape == k.shape
             and t.stride() == k.stride()
             and t.dtype == k.dtype
-            for (name, t), known, k in zip(live, self._names, self.tensors)
+            for (name, t), known, k in zip(live, self.names, self.tensors)
         ):
             return
         now = dict(live)
@@ -225,7 +238,7 @@ class Rounds:
             "the averaged tensors and their shapes are fixed once the strategy has set up: change the model "
             "before fit (in configure_model or setup); rebinding a tensor of the same shape and dtype is followed"
         )
-        for name, old in zip(self._names, self.tensors):
+        for name, old in zip(self.names, self.tensors):
             new = now.get(name)
             if new is None:
                 raise ValueError(f"{self.owner}: the model's tensor '{name}' was removed {when}; {fixed}")
@@ -234,10 +247,10 @@ class Rounds:
                     f"{self.owner}: the model's tensor '{name}' changed from {tuple(old.shape)} {old.dtype} on "
                     f"{old.device} to {tuple(new.shape)} {new.dtype} on {new.device} {when}; {fixed}"
                 )
-        if len(now) != len(self._names):
-            added = next(name for name in now if name not in self._names)
+        if len(now) != len(self.names):
+            added = next(name for name in now if name not in self.names)
             raise ValueError(f"{self.owner}: the model's tensor '{added}' was added {when}; {fixed}")
-        self.tensors = [now[name].detach() for name in self._names]  # the flat buffers' order
+        self.tensors = [now[name].detach() for name in self.names]  # the flat buffers' order
         self.retarget()
 
     def refuse_untracked_optimizer_tensors(
@@ -311,8 +324,6 @@ class Rounds:
         while self._unrecorded and (force or self._unrecorded[0][0].figures_ready()):
             handle, launch_step, finish_step, nbytes, also_waited = self._unrecorded.pop(0)
             exposed = handle.exposed_seconds + also_waited
-            # An exact round is a ring all-reduce of the buffer (torch tells no byte counts).
-            ring = ring_bytes(nbytes, self.world_size)
             self.comm_stats.add(
                 RoundRecord(
                     launch_step,
@@ -321,9 +332,9 @@ class Rounds:
                     exposed,
                     nbytes,
                     handle.launched_at,
-                    bytes_sent=getattr(handle, "bytes_sent", ring),
-                    bytes_received=getattr(handle, "bytes_received", ring),
-                    codec_seconds=getattr(handle, "codec_seconds", 0.0),
+                    bytes_sent=handle.bytes_sent,
+                    bytes_received=handle.bytes_received,
+                    codec_seconds=handle.codec_seconds,
                 )
             )
 
@@ -343,35 +354,22 @@ class Rounds:
     # -- non-finite values (see ``health``) ---------------------------------------------------
 
     def health_flags(self, bad: bool, device: torch.device | None = None) -> Tensor:
-        flags = torch.zeros(self.world_size, dtype=torch.float64, device=device or self.device)
-        flags[self.rank] = float(bad)
-        return flags
+        return health_flags(self.rank, self.world_size, bad, device or self.device)
 
     def raise_if_nonfinite(self, flags: Tensor, what: str) -> bool:
         """Raise naming the bad ranks; with ``on_nonfinite="skip"`` recover instead and return True
-        (the caller then drops the pending update): workers that went non-finite take the model of
-        a healthy one and restart their optimizer state (momentum would carry the NaN on); the
-        healthy keep theirs. With ``"allow"`` nothing happens: the update goes on, as under DDP.
-        (The flags of ``"allow"`` still travel where they share a message with the round's figures
-        or queue behind its tensors: every option keeps the same collectives on every rank.)"""
-        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag > 0]
+        (the caller then drops the pending update: see ``health``). With ``"allow"`` nothing
+        happens: the update goes on, as under DDP. (The flags of ``"allow"`` still travel where they
+        share a message with the round's figures or queue behind its tensors: every option keeps
+        the same collectives on every rank.)"""
+        bad = bad_ranks(flags)
         if not bad or self.on_nonfinite == "allow":
             return False
         if self.on_nonfinite != "skip" or len(bad) == self.world_size:
-            raise NonFiniteError(
-                f"{self.owner}: non-finite values (NaN/Inf) on rank {', '.join(map(str, bad))} at "
-                f"optimizer step {self.steps} ({what}); stopped before they reached any other worker's "
-                "model, and no checkpoint was written from them"
-            )
+            raise nonfinite_error(self.owner, bad, self.steps, what)
         assert self.comm is not None
-        source = min(set(range(self.world_size)) - set(bad))
         buffer = self.scratch_buffer()
-        buffer.pack(self.tensors)
-        self.comm.broadcast(buffer.buckets, source)
-        if self.rank in bad:
-            buffer.unpack(self.tensors)
-            for optimizer in self.optimizers:
-                optimizer.state.clear()
+        source = restart_from_healthy(self.comm, buffer, self.tensors, self.optimizers, self.rank, bad)
         self.skipped.append((self.steps, bad))
         if self.rank == 0:
             log.warning(
@@ -436,12 +434,8 @@ class Rounds:
             raise ValueError(
                 f"the checkpoint was written by {state.get('class')}, not {self.owner}: resume with the same strategy"
             )
-        steps = state.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(
-                f"{self.owner}: the state's steps={steps!r} is invalid; accepted: an integer >= 0"
-            )
-        self.steps = steps
+        self.steps = count(self.owner, "the state's steps", state.get("steps"))
+        check_weight(self.owner, state.get("weight"), "the state's weight")
 
     def rank_state(self) -> dict[str, Any]:
         """What resuming needs of this rank's own (the compressed rounds' reference and residuals)."""

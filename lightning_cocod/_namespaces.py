@@ -1,4 +1,4 @@
-"""Our strategies as classes of a Lightning namespace.
+"""Our strategies (Trainer and Fabric) as classes of a Lightning namespace.
 
 ``pytorch_lightning`` and ``lightning.pytorch`` (the ``lightning`` package) are two separate class
 hierarchies with two separate strategy registries: a Trainer of one rejects a strategy built on
@@ -35,22 +35,37 @@ def register(registry: Any, strategies: dict[str, type], where: str = "") -> Non
                 )
 
 
-def install(package: str, home: str) -> dict[str, type]:
-    """One class per method of the table, its mixin + ``package``'s DDPStrategy, living in module
-    ``home`` (where pickling, e.g. by ``*_spawn`` launchers, finds it again), registered in
-    ``package``'s registry; returns them by class name."""
+def install(
+    package: str,
+    home: str,
+    mixins: dict[str, tuple[str, type, dict[str, Any]]],
+    registry: str,
+    where: str = "",
+) -> dict[str, type]:
+    """One class per method: its mixin + ``package``'s DDPStrategy, living in module ``home``
+    (where pickling, e.g. by ``*_spawn`` launchers, finds it again), registered in ``package``'s
+    ``registry``; returns them by class name. ``mixins``: method name -> (class name, mixin, the
+    class's own attributes). The Trainer strategies (``trainer_mixins``) and the Fabric ones
+    (``fabric_strategy.fabric_mixins``) are both built here."""
     strategies = importlib.import_module(f"{package}.strategies")
     classes, by_method = {}, {}
+    for method, (name, mixin, own) in mixins.items():
+        attributes = {"__module__": home, "__qualname__": name, "__doc__": mixin.__doc__, **own}
+        classes[name] = by_method[method] = type(name, (mixin, strategies.DDPStrategy), attributes)
+    register(getattr(strategies, registry), by_method, where)
+    return classes
+
+
+def trainer_mixins(package: str) -> dict[str, tuple[str, type, dict[str, Any]]]:
+    """The Trainer strategies' mixins, as the table of methods names them (loaded here, by name,
+    so that this module imports none of them)."""
+    mixins = {}
     for entry in METHODS.values():
         module, _, logic_name = entry.mixin.partition(":")
-        logic, name = getattr(importlib.import_module(module), logic_name), entry.strategy_class
-        attributes = {
-            "__module__": home,
-            "__qualname__": name,
-            "__doc__": logic.__doc__,
-            "strategy_name": entry.name,
-            "namespace": package,
-        }
-        classes[name] = by_method[entry.name] = type(name, (logic, strategies.DDPStrategy), attributes)
-    register(strategies.StrategyRegistry, by_method)
-    return classes
+        logic = getattr(importlib.import_module(module), logic_name)
+        mixins[entry.name] = (
+            entry.strategy_class,
+            logic,
+            {"strategy_name": entry.name, "namespace": package},
+        )
+    return mixins

@@ -1,6 +1,7 @@
 """The loop API (``lightning_cocod.loop``) as a mixin over a Fabric namespace's DDPStrategy, with no
 Lightning imported here: ``lightning_cocod.fabric`` (``lightning_fabric``) and
-``lightning_cocod.lightning`` (``lightning.fabric``) build their classes with ``install``.
+``lightning_cocod.lightning`` (``lightning.fabric``) build their classes with ``_namespaces.install``.
+It sits beside ``loop`` (whose classes it runs) and below nothing of ``strategies``.
 Each is Fabric's DDPStrategy without the DDP wrapper: the process set-up and launchers are
 Fabric's, every step is the loop object's.
 """
@@ -8,39 +9,26 @@ Fabric's, every step is the loop object's.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
+from typing_extensions import override
 
-from lightning_cocod.loop import LOOPS, check_weight
+from lightning_cocod._options import invalid
+from lightning_cocod.loop import LOOPS
 from lightning_cocod.methods import METHODS
-from lightning_cocod.strategies.base import broadcast_from_rank_zero
-from lightning_cocod.strategies.checkpointing import (
-    STATE_KEY,
-    atomic_save,
-    gather_to_rank_zero,
-    read_checkpoint,
-)
-from lightning_cocod.strategies.namespaces import register
-from lightning_cocod.strategies.reliability import parse_timeout
+from lightning_cocod.rounds.base import broadcast_from_rank_zero
+from lightning_cocod.rounds.checkpoint import STATE_KEY, atomic_save, gather_to_rank_zero, read_checkpoint
+from lightning_cocod.rounds.options import PASSED_ON, check_weight, parse_timeout
+from lightning_cocod.rounds.options import start_method as check_start_method
 
 log = logging.getLogger(__name__)
 
-_START_METHODS = ("popen", "spawn", "fork", "forkserver")  # Fabric's DDPStrategy's
-
 # Fabric's DDPStrategy options we pass on; the others are the algorithm's (the loop class's).
-_PASSED_ON = (
-    "accelerator",
-    "parallel_devices",
-    "cluster_environment",
-    "checkpoint_io",
-    "precision",
-    "process_group_backend",
-)
+_PASSED_ON = (*PASSED_ON, "precision")
 
 
 class _NothingToSkip:
@@ -72,29 +60,30 @@ class FabricRounds:
         weight = options.pop("weight", None)
         # The options are checked now, as the Trainer strategies check theirs, not when the
         # processes have started (a bogus start method, backend or weight failed only there).
-        if start_method not in _START_METHODS:
-            raise ValueError(
-                f"{name}: start_method={start_method!r} is invalid; accepted: {', '.join(_START_METHODS)}"
-            )
+        check_start_method(name, start_method)
         backend = passed.get("process_group_backend")
         backends = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
         if backend is not None and backend not in backends:
             accepted = f"None (gloo on CPU, nccl on GPU) or one of {', '.join(backends)}"
-            raise ValueError(f"{name}: process_group_backend={backend!r} is invalid; accepted: {accepted}")
+            raise invalid(name, "process_group_backend", backend, accepted)
         check_weight(name, weight)
-        self.loop_class.rounds_class(name, **options)
-        self._loop_options = {"weight": weight, **options}
+        # The rounds are built now, as the loop object will build them, so that a bad option is
+        # refused here; they are the loop's once fabric.setup has the model.
+        self._rounds = self.loop_class.rounds_class(name, **options)
+        self._weight = weight
         super().__init__(timeout=parse_timeout(name, timeout), start_method=start_method, **passed)
         self._backward_sync_control = _NothingToSkip()
         self._module: torch.nn.Module | None = None
         self.loop: Any = None  # the loop object, once fabric.setup has the model and its optimizer
         self._loaded: dict[str, Any] | None = None  # this rank's loop state, from a fabric.load before set-up
 
+    @override
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         broadcast_from_rank_zero(module)  # no DistributedDataParallel wrapper
         self._module = module
         return module
 
+    @override
     def setup_optimizer(self, optimizer: Any) -> Any:
         # fabric.setup(model, optimizer) comes here after setup_module, as fabric.setup_optimizers does.
         name = type(self).__name__
@@ -106,12 +95,15 @@ class FabricRounds:
             raise ValueError(
                 f"{name}: set up the model before its optimizer, e.g. fabric.setup(model, optimizer)"
             )
-        loop = self.loop_class(self._module, optimizer, timeout=self._timeout, **self._loop_options)
+        loop = self.loop_class.around(
+            self._rounds, self._module, optimizer, timeout=self._timeout, weight=self._weight
+        )
         if self._loaded is not None:
             loop.load_state_dict(self._loaded)
         self.loop = loop.__enter__()
         return optimizer
 
+    @override
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
@@ -135,6 +127,7 @@ class FabricRounds:
         if self.is_global_zero:
             atomic_save(self.checkpoint_io, state, path, storage_options)
 
+    @override
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: Any = None
     ) -> Any:
@@ -199,27 +192,24 @@ class FabricRounds:
         finally:
             self.checkpoint_io = io
 
+    @override
     def teardown(self) -> None:
         if self.loop is not None:
             self.loop.close()
         super().teardown()
 
 
-def install(package: str, home: str) -> dict[str, type]:
-    """Build ``package``'s classes (living in module ``home``) and register their names
-    ("cocod", "cocod_fork", ...) in its registry; names already there are left alone."""
-    strategies = importlib.import_module(f"{package}.strategies")
-    classes, by_method = {}, {}
-    for name, loop in LOOPS.items():
-        class_name = METHODS[name].strategy_class.replace("Strategy", "FabricStrategy")
-        attributes = {
-            "__module__": home,
-            "__qualname__": class_name,
-            "__doc__": loop.__doc__,
-            "loop_class": loop,
-        }
-        classes[class_name] = by_method[name] = type(
-            class_name, (FabricRounds, strategies.DDPStrategy), attributes
+FABRIC_REGISTRY = "STRATEGY_REGISTRY"  # Fabric's registry, in its ``strategies`` package
+IN_A_LOOP = ", in a Fabric loop"  # what the registry's descriptions add to the method's
+
+
+def fabric_mixins() -> dict[str, tuple[str, type, dict[str, Any]]]:
+    """For ``_namespaces.install``: one class per loop class, named after the method's strategy."""
+    return {
+        name: (
+            METHODS[name].strategy_class.replace("Strategy", "FabricStrategy"),
+            FabricRounds,
+            {"__doc__": loop.__doc__, "loop_class": loop},
         )
-    register(strategies.STRATEGY_REGISTRY, by_method, where=", in a Fabric loop")
-    return classes
+        for name, loop in LOOPS.items()
+    }

@@ -1,0 +1,249 @@
+"""CoCoD-SGD's rounds: the snapshot's all-reduce launched at a round's start, merged ``tau`` steps
+later by ``core.CoCoDRound`` (the rule, with what ``progress`` means). The options are
+``CoCoDMethod``'s; the period of ``tau="auto"`` is ``auto.AutoPeriod``'s."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_cocod._options import invalid, is_int
+from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
+from lightning_cocod.core.averaging import DEFAULT_PROGRESS, check_progress
+from lightning_cocod.rounds.auto import FIGURES, AutoPeriod
+from lightning_cocod.rounds.base import Rounds
+from lightning_cocod.rounds.period import check_period
+
+log = logging.getLogger(__name__)
+
+# A tiny all-reduce goes with the model's in every round, on a CPU (gloo) group so that reading it
+# never waits on a GPU: the sum over ranks of an earlier round's figures for tau="auto"
+# (``auto.FIGURES`` of them and a count of the ranks that sent any), then one non-finite flag per
+# rank. Every rank thus agrees on the figures and on who holds NaN/Inf.
+_FLAGS = FIGURES + 1
+TAU = 'a positive integer (optimizer steps per round) or "auto"'
+
+
+class CoCoDRounds(Rounds):
+    """CoCoD-SGD's rounds (see ``CoCoDMethod``, whose arguments these are)."""
+
+    def __init__(
+        self,
+        owner: str,
+        tau: int | str = "auto",
+        tau_min: int | None = None,
+        tau_max: int | None = None,
+        progress: float = DEFAULT_PROGRESS,
+        **common: Any,
+    ) -> None:
+        self.progress = check_progress(owner, progress)
+        self.auto: AutoPeriod | None = None
+        if tau == "auto" and isinstance(tau, str):
+            self.auto = AutoPeriod(owner, tau_min, tau_max, self.progress)
+            self.tau = self.auto.tau
+        else:
+            self.tau = check_period(owner, tau, TAU)
+            if tau_min is not None or tau_max is not None:
+                raise ValueError(
+                    f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset"
+                )
+        super().__init__(owner, **common)
+        self.round: CoCoDRound | None = None
+        self._launch_step = 0
+        self._round_started = 0.0
+        self._round_cost = 0.0
+        self._control: Tensor | None = None  # the round's control all-reduce (see _FLAGS)
+        self._control_handle: Handle | None = None
+        self._snapshot_check: FiniteCheck | None = None
+        self.tau_history: list[tuple[int, int]] = []  # (step, tau) at the start and at every change
+
+    def results(self) -> dict[str, Any]:
+        return {**super().results(), "tau": self.tau, "tau_history": self.tau_history}
+
+    def options(self) -> dict[str, Any]:
+        tau: Any = "auto" if self.auto else self.tau
+        return {"tau": tau, "progress": self.progress, **super().options()}
+
+    def agreed(self) -> dict[str, Any]:
+        agreed = super().agreed()
+        if self.auto is not None:  # each rank would bound the agreed period by its own limits
+            agreed |= {"tau_min": self.auto.period.tau_min, "tau_max": self.auto.period.tau_max}
+        return agreed
+
+    def build(self) -> None:
+        assert self.comm is not None
+        assert self.round_comm is not None
+        self.round = CoCoDRound(self.tensors, self.round_comm, self.weight, self.progress)
+        self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
+        if self.auto is not None:
+            self.auto.start()
+        self.tau_history = [(0, self.tau)]
+
+    def retarget(self) -> None:
+        if self.round is not None:
+            self.round.tensors = self.tensors
+
+    def flat_buffers(self) -> list[FlatBuffer]:
+        mine = [self.round.snapshot, self.round.average] if self.round is not None else []
+        return mine + [b for b in super().flat_buffers() if all(b is not m for m in mine)]
+
+    def scratch_buffer(self) -> FlatBuffer:
+        # With no round in flight the round's all-reduce buffer is idle: the synchronisation
+        # points (checkpoint, end of fit) average in it, so only evaluation in the middle of a
+        # round needs a third copy of the model.
+        if self.round is not None and not self.round.pending:
+            return self.round.average
+        return super().scratch_buffer()
+
+    def request_lag(self) -> int:
+        return self.tau  # no tighter than the round itself couples the workers
+
+    def figures(self) -> dict[str, float]:
+        return {**super().figures(), "comm/tau": float(self.tau)}
+
+    # -- the step ------------------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        assert self.round is not None and self.comm is not None
+        if self.round.pending:
+            return
+        beginning = time.perf_counter()
+        self.follow_model()
+        self.round.weight = self.weight
+        self.round.begin()
+        self._launch_step = self.steps
+        self._snapshot_check = FiniteCheck(self.round.snapshot.buckets)
+        self._round_started = time.perf_counter()
+        self._round_cost = self._round_started - beginning
+
+    def end_step(self) -> None:
+        if self.round is not None and self.round.pending and self._control_handle is None:
+            self._launch_control()
+        if self.steps - self._launch_step >= self.tau:
+            self.flush()
+
+    def _launch_control(self) -> None:
+        """One step into the round: by now the snapshot's finite check and an earlier round's
+        figures have reached the host, so nothing here waits on a GPU. A non-finite snapshot was
+        sent already, but no rank merges a round whose flags are raised."""
+        started = time.perf_counter()
+        assert self._control is not None and self._snapshot_check is not None
+        figures = self.auto.figures_to_send() if self.auto is not None else (0.0,) * _FLAGS
+        self._control[:_FLAGS] = torch.tensor(figures, dtype=torch.float64)
+        self._control[_FLAGS:] = self.health_flags(self._snapshot_check.result(), device=self._control.device)
+        assert self.control is not None
+        self._control_handle = self.control.start_mean([self._control], 1.0)
+        self._round_cost += time.perf_counter() - started
+
+    def flush(self, averaging_next: bool = False) -> None:
+        if self.round is None or not self.round.pending:
+            return
+        if self.steps == self._launch_step:
+            # Launched after the last step (a loop launches eagerly) and no step taken since: the
+            # weights are the snapshot, so the round is not merged; it was sent all the same, and
+            # its bytes and time count in the figures like any round's.
+            self.record(self.round.abandon(), self._launch_step, self.round.nbytes)
+            return
+        if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
+            self._launch_control()
+        steps = self.steps - self._launch_step
+        compute = time.perf_counter() - self._round_started
+        control, waited = self._wait_control()
+        if self._dropped_for_nonfinite(control):
+            return
+        handle = self._merge(averaging_next)
+        self.record(handle, self._launch_step, self.round.nbytes, also_waited=waited)
+        if self.auto is not None:
+            self._consult_auto(control, handle, steps, compute)
+
+    def _wait_control(self) -> tuple[list[float], float]:
+        """The round's control message, summed over the ranks, and the seconds waited for it."""
+        assert self._control_handle is not None and self._control is not None
+        waiting = time.perf_counter()
+        self._control_handle.wait()  # gloo may finish it before the model's (several threads)
+        self._control_handle = None
+        return self._control.tolist(), time.perf_counter() - waiting
+
+    def _dropped_for_nonfinite(self, control: list[float]) -> bool:
+        """Raise if a snapshot held NaN/Inf; with on_nonfinite="skip" drop the round everywhere."""
+        assert self.round is not None
+        where = f"in the snapshot of the round launched at step {self._launch_step}"
+        if not self.raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):
+            return False
+        self.round.abandon()
+        if self.compressed is not None:  # its reference and residuals took the bad values in
+            self.compressed.reset()
+        return True
+
+    def _merge(self, averaging_next: bool) -> Handle:
+        assert self.round is not None
+        merging = time.perf_counter()
+        self.follow_model()  # the merge lands in the weights the model holds now
+        # Before the synchronisation's exact average, the round's own is not merged: it would add
+        # a compressed round's error to the end (and the average makes an exact one redundant).
+        handle = self.round.settle() if averaging_next else self.round.finish()
+        # The merge's own time: the host blocking in the wait for the model's all-reduce is
+        # communication, not the round's work (on CUDA it is a stream dependency instead).
+        self._round_cost += max(0.0, time.perf_counter() - merging - handle.blocked_seconds)
+        return handle
+
+    def _consult_auto(self, received: list[float], handle: Handle, steps: int, compute: float) -> None:
+        """The period of the next round, from the figures ``received`` with this one; rank 0 says
+        once if ``tau_max`` keeps rounds exposed (every rank has the same figures)."""
+        assert self.auto is not None
+        self._set_tau(self.auto.after_round(received, handle, steps, compute, self._round_cost))
+        if self.rank == 0:
+            self.auto.warn_if_bound_binds(self.comm_stats, self.codec.name if self.codec else None)
+
+    def _set_tau(self, new: int) -> None:
+        old = self.tau
+        if new == old:
+            return
+        self.tau = new
+        self.tau_history.append((self.steps, new))
+        if self.rank == 0 and self.auto is not None:
+            comm, step, own = self.auto.last
+            log.info(
+                f"CoCoD tau {old} -> {new} at step {self.steps} "
+                f"(communication {comm:.3f} s and own work {own:.3f} s per round, {step:.3f} s per step)"
+            )
+
+    def abandon(self) -> None:
+        if self.round is not None:
+            self.round.handle = None
+        self._control_handle = None
+        if self.auto is not None:
+            self.auto.abandon()
+
+    # -- what a checkpoint keeps ---------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        state = {**super().state(), "tau": self.tau, "tau_history": self.tau_history}
+        return state | self.auto.state() if self.auto is not None else state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        tau = check_period(self.owner, state.get("tau"), option="the state's tau")
+        history = state.get("tau_history")
+        if not isinstance(history, list) or not all(
+            isinstance(e, (list, tuple))
+            and len(e) == 2
+            and is_int(e[0])
+            and e[0] >= 0
+            and is_int(e[1])
+            and e[1] >= 1
+            for e in history
+        ):
+            raise invalid(
+                self.owner, "the state's tau_history", history, "a list of (step >= 0, tau >= 1) pairs"
+            )
+        if self.auto is None or "adaptive" not in state:  # a fixed tau is the caller's choice
+            return
+        self.tau = self.auto.load_state(state, tau)
+        self.tau_history = [tuple(e) for e in history]
+        if self.tau != tau:  # the saved period lies outside this fit's bounds
+            self.tau_history.append((self.steps, self.tau))
