@@ -4,7 +4,7 @@ on 2 CPU worker processes started by torchrun:
     torchrun --nproc-per-node=2 examples/gpt_loop_example.py    # 200 steps of a 0.1 M-parameter GPT
 
 The three lines marked ``# lightning_cocod`` are all it adds to the same script training each
-worker on its own shard (without them, it is that script: tests/test_examples.py runs both).
+worker on its own shard (without them, it is that script: tests/loop/test_examples.py runs both).
 The text is character-level Markov text generated from a seed, so it needs no download and the
 best achievable loss is known. AdamW's moments stay on each worker, which shrinks the workers' mean
 step to about 1/sqrt(N) of S-SGD's: the outer step ``progress=sqrt(N)`` restores it, and holds at

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=2 examples/loop_example.py    # about 10 s on a 2-core machine
 
 The three lines marked ``# lightning_cocod`` are all it adds to the same script training each
-worker on its own shard (without them, it is that script: tests/test_examples.py runs both).
+worker on its own shard (without them, it is that script: tests/loop/test_examples.py runs both).
 scikit-learn's handwritten digits need no download. CoCoD's options are the recommended ones for
 SGD: ``tau="auto"``, the shortest period that hides each round, at most 2 (longer ones cost
 accuracy: README, "What tau="auto"'s bound rests on").

@@ -47,7 +47,7 @@ EOF
 cp "$work/environment.txt" "$out/"
 cat "$out/environment.txt"
 
-stage tests 270 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/test_comm_cuda_timing.py \
+stage tests 270 python -m pytest -q -rs -p no:cacheprovider tests/gpu tests/core/test_comm_cuda_timing.py \
     --junitxml="$work/tests.xml"
 stage steptime 80 python -m lightning_cocod.tools.steptime --model resnet18 --batch-size 128 --steps 60 --warmup 10 \
     --accelerator gpu --sync-report --allreduce 2 --json "$work/steptime.json"

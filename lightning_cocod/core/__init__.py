@@ -1,6 +1,6 @@
 """The algorithm core: flat buffers, the communicator and the update rules, with no Lightning.
 
-tests/test_core_is_pure.py enforces that nothing here imports Lightning, so the rules can be
+tests/core/test_is_pure.py enforces that nothing here imports Lightning, so the rules can be
 used from any training loop and tested in milliseconds with a fake communicator. The names
 below load on first use, so that a torch-free module of the core (``adapt``, used by
 ``cocod-plan``) can be imported without torch.

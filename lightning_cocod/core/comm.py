@@ -9,7 +9,7 @@ NCCL's stream without blocking the host, so an event recorded behind it marks th
 gloo on CUDA tensors runs on gloo's host thread and lands when its future completes. Either
 way the exposed wait is the compute stream's stall at the merge, timed with events, and
 ``figures_ready`` says when the figures can be read without making the host wait for the GPU.
-The timing logic is tested on a simulated device timeline (tests/test_comm_cuda_timing.py);
+The timing logic is tested on a simulated device timeline (tests/core/test_comm_cuda_timing.py);
 the GPU tests (tests/gpu/) run it on a real device.
 """
 
