@@ -3,10 +3,6 @@ after every round the new average is bit-identical on all ranks, close to the ex
 keeps the mean exactly up to what the residuals hold (error feedback loses nothing)."""
 
 import math
-import multiprocessing
-import os
-import socket
-import traceback
 
 import pytest
 import torch
@@ -14,6 +10,7 @@ import torch.distributed as dist
 
 from lightning_cocod.core.comm import ring_bytes
 from lightning_cocod.core.compress import SLICE, Bf16Codec, CompressedMean, Int8Codec, make_codec
+from tests.helpers.gloo_ranks import results, run_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,12 +60,6 @@ def test_ring_bytes():
     assert ring_bytes(1000, 4) == 1500
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Comm:
     """The part of TorchDistCommunicator that CompressedMean uses, on the default group."""
 
@@ -95,45 +86,37 @@ def _gathered(tensor: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def _ranks_body(rank: int, world: int, port: int, codec_name: str, weights, n: int, errors) -> None:
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        codec = make_codec(codec_name)
-        mean = CompressedMean(_Comm(), codec)
-        weight = None if weights is None else weights[rank]
-        shares = [1 / world] * world if weights is None else weights
-        x = torch.randn(n, generator=torch.Generator().manual_seed(1234))  # one start, as after a broadcast
-        gen = torch.Generator().manual_seed(rank)
-        for round_ in range(6):
-            x = x + 0.01 * torch.randn(n, generator=gen)  # one round of progress
-            everyone = _gathered(x.clone())
-            exact = sum(s * xi for s, xi in zip(shares, everyone))
-            before = _residual_total(mean, shares, n)
-            bucket = x.clone()
-            handle = mean.start_mean([bucket], weight)
-            handle.wait()
-            # Bit-identical on every rank, as the reference A is.
-            for other in _gathered(bucket):
-                assert torch.equal(other, bucket), f"round {round_}: ranks differ"
-            assert torch.equal(mean.reference[0], bucket)
-            if round_ == 0:
-                assert torch.allclose(bucket, exact, atol=1e-6)  # the first round is the exact mean
-                continue
-            # Close to the exact mean: within a few percent of how far the ranks are apart.
-            spread = max((xi - exact).abs().max().item() for xi in everyone)
-            assert (bucket - exact).abs().max().item() < 0.05 * spread
-            # Error feedback: A_new = mean + (residuals before - residuals after), to rounding.
-            after = _residual_total(mean, shares, n)
-            assert torch.allclose(bucket, exact + before - after, atol=1e-5), round_
-            chunk_bytes = codec.payload_bytes(mean.residuals[0].numel() // world)
-            assert handle.bytes_sent == handle.bytes_received == 2 * (world - 1) * chunk_bytes
-            assert handle.codec_seconds > 0 and handle.comm_seconds >= handle.codec_seconds
-    except BaseException:  # noqa: BLE001 (the parent reports every rank's failure)
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _ranks_body(rank: int, world: int, codec_name: str, weights, n: int) -> None:
+    codec = make_codec(codec_name)
+    mean = CompressedMean(_Comm(), codec)
+    weight = None if weights is None else weights[rank]
+    shares = [1 / world] * world if weights is None else weights
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1234))  # one start, as after a broadcast
+    gen = torch.Generator().manual_seed(rank)
+    for round_ in range(6):
+        x = x + 0.01 * torch.randn(n, generator=gen)  # one round of progress
+        everyone = _gathered(x.clone())
+        exact = sum(s * xi for s, xi in zip(shares, everyone))
+        before = _residual_total(mean, shares, n)
+        bucket = x.clone()
+        handle = mean.start_mean([bucket], weight)
+        handle.wait()
+        # Bit-identical on every rank, as the reference A is.
+        for other in _gathered(bucket):
+            assert torch.equal(other, bucket), f"round {round_}: ranks differ"
+        assert torch.equal(mean.reference[0], bucket)
+        if round_ == 0:
+            assert torch.allclose(bucket, exact, atol=1e-6)  # the first round is the exact mean
+            continue
+        # Close to the exact mean: within a few percent of how far the ranks are apart.
+        spread = max((xi - exact).abs().max().item() for xi in everyone)
+        assert (bucket - exact).abs().max().item() < 0.05 * spread
+        # Error feedback: A_new = mean + (residuals before - residuals after), to rounding.
+        after = _residual_total(mean, shares, n)
+        assert torch.allclose(bucket, exact + before - after, atol=1e-5), round_
+        chunk_bytes = codec.payload_bytes(mean.residuals[0].numel() // world)
+        assert handle.bytes_sent == handle.bytes_received == 2 * (world - 1) * chunk_bytes
+        assert handle.codec_seconds > 0 and handle.comm_seconds >= handle.codec_seconds
 
 
 def _residual_total(mean: CompressedMean, shares: list[float], n: int) -> torch.Tensor:
@@ -156,24 +139,8 @@ def _residual_total(mean: CompressedMean, shares: list[float], n: int) -> torch.
         (4, "bf16", [0.1, 0.2, 0.3, 0.4], 5000),
     ],
 )
-def test_compressed_mean_on_gloo(world, codec, weights, n):
-    ctx = multiprocessing.get_context("fork")
-    errors = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_ranks_body, args=(r, world, port, codec, weights, n, errors))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    found = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
-    assert not found, "\n".join(found)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+def test_compressed_mean_on_gloo(world, codec, weights, n, tmp_path):
+    results(run_ranks(_ranks_body, tmp_path, world, codec, weights, n, world=world, timeout=150))
 
 
 def test_bytes_against_fp32():
@@ -185,53 +152,32 @@ def test_bytes_against_fp32():
         assert ring_bytes(4 * numel, world) / compressed >= least
 
 
-def _raw_body(rank: int, port: int, errors) -> None:
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=2)
-        modes = {
-            "raw": CompressedMean(_Comm(), Int8Codec(), delta=False),
-            "delta": CompressedMean(_Comm(), Int8Codec()),
-        }
-        x = 3 * torch.randn(
-            2048, generator=torch.Generator().manual_seed(0)
-        )  # one start; a block's max near 10
-        gen = torch.Generator().manual_seed(rank)
-        for round_ in range(4):
-            x = x + 1e-3 * torch.randn(2048, generator=gen)
-            exact = sum(_gathered(x.clone())) / 2
-            errors_by_mode = {}
-            for name, mean in modes.items():
-                bucket = x.clone()
-                mean.start_mean([bucket]).wait()
-                errors_by_mode[name] = (bucket - exact).abs().max().item()
-            if round_ == 0:
-                continue  # the delta mode's first round is exact
-            # Raw weights, every round: an int8 step of the weights' scale (max / 127), not of the
-            # rounds' progress, which is what the delta mode's error stays within.
-            largest = exact.abs().max().item()
-            assert largest / 127 / 8 < errors_by_mode["raw"] <= largest / 127, (round_, errors_by_mode)
-            assert errors_by_mode["delta"] < 1e-4, (round_, errors_by_mode)
-    except BaseException:  # noqa: BLE001 (the parent reports every rank's failure)
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _raw_body(rank: int) -> None:
+    modes = {
+        "raw": CompressedMean(_Comm(), Int8Codec(), delta=False),
+        "delta": CompressedMean(_Comm(), Int8Codec()),
+    }
+    x = 3 * torch.randn(2048, generator=torch.Generator().manual_seed(0))  # one start; a block's max near 10
+    gen = torch.Generator().manual_seed(rank)
+    for round_ in range(4):
+        x = x + 1e-3 * torch.randn(2048, generator=gen)
+        exact = sum(_gathered(x.clone())) / 2
+        errors_by_mode = {}
+        for name, mean in modes.items():
+            bucket = x.clone()
+            mean.start_mean([bucket]).wait()
+            errors_by_mode[name] = (bucket - exact).abs().max().item()
+        if round_ == 0:
+            continue  # the delta mode's first round is exact
+        # Raw weights, every round: an int8 step of the weights' scale (max / 127), not of the
+        # rounds' progress, which is what the delta mode's error stays within.
+        largest = exact.abs().max().item()
+        assert largest / 127 / 8 < errors_by_mode["raw"] <= largest / 127, (round_, errors_by_mode)
+        assert errors_by_mode["delta"] < 1e-4, (round_, errors_by_mode)
 
 
 @pytest.mark.distributed
-def test_the_raw_control_encodes_the_weights_every_round():
+def test_the_raw_control_encodes_the_weights_every_round(tmp_path):
     """``delta=False`` (the study's control): the reference is zero at every round, so what is
     sent is the raw weights, whose int8 error is a block's largest weight over 254, every round."""
-    ctx = multiprocessing.get_context("fork")
-    errors = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_raw_body, args=(r, port, errors)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-        if p.is_alive():
-            p.kill()
-    assert errors.empty(), errors.get()
-    assert all(p.exitcode == 0 for p in procs)
+    results(run_ranks(_raw_body, tmp_path, timeout=150))
