@@ -98,3 +98,24 @@ def test_diloco_in_a_loop_is_the_outer_round_with_its_defaults():
         "outer_optimizer": "torch.optim.sgd.SGD(lr=0.7, momentum=0.9, nesterov=True)",
         "average_buffers": True,
     }
+
+
+def test_ranks_given_different_outer_optimizers_are_refused_before_any_round(tmp_path):
+    def run(rank):
+        model = toy.initial_model()
+        outer = functools.partial(torch.optim.SGD, lr=0.7 if rank == 0 else 0.5, momentum=0.9)
+        try:
+            DiLoCo(model, sgd(model), tau=TAU, outer_optimizer=outer).__enter__()
+        except ValueError as err:
+            return str(err)
+        return None
+
+    first, second = results(run_ranks(run, tmp_path))
+    assert (
+        first
+        == second
+        == (
+            "DiLoCo: rank 1 disagrees with rank 0 on outer_optimizer: 'torch.optim.sgd.SGD(lr=0.7, momentum=0.9)' "
+            "on rank 0, 'torch.optim.sgd.SGD(lr=0.5, momentum=0.9)' on rank 1; every rank must be given the same options"
+        )
+    )
