@@ -344,13 +344,17 @@ class PipeSGD(_RoundsLoop):
     rounds_class = PipeSGDRounds
 
 
-class DiLoCo(CoCoD):
+class DiLoCo(_RoundsLoop):
     """DiLoCo: every ``tau`` steps an outer step on the mean pseudo-gradient (see ``DiLoCoStrategy``,
     whose options these are: ``tau``, ``overlap``, ``outer_optimizer``, ``average_buffers``,
     ``on_nonfinite``, ``compression``, ``error_feedback``; ``group``, ``weight`` and ``timeout``
     as ``CoCoD``'s)."""
 
     rounds_class = DiLoCoRounds
+
+    @property
+    def tau(self) -> int:
+        return self.rounds.tau
 
 
 LOOPS = {"cocod": CoCoD, "diloco": DiLoCo, "local_sgd": LocalSGD, "pipe_sgd": PipeSGD}

@@ -189,7 +189,10 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["strategy=foo"], "strategy=foo is not an option; accepted: cocod, diloco, local_sgd, pipe_sgd, ssgd"),
+        (
+            ["strategy=foo"],
+            "strategy=foo is not an option; accepted: cocod, diloco, local_sgd, pipe_sgd, ssgd",
+        ),
         (["experiment=nope"], "experiment=nope is not an option"),
         (["trainer.foo=1"], "unknown key 'trainer.foo'; trainer accepts: benchmark"),
         (["+trainer.foo=1"], "unknown key 'trainer.foo'; Trainer accepts: accumulate_grad_batches"),
