@@ -22,13 +22,15 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 STEPS, TAU = 10, 4  # rounds of 4, 4 and a partial 2
 
 
-def train(rank, overlap, steps=STEPS, folder=None, save_at=None, resume=False):
+def train(rank, overlap, steps=STEPS, folder=None, save_at=None, resume=False, compression=None):
     """A plain loop under ``CoCoD(tau=TAU, overlap=..., outer_optimizer=Nesterov)``; the final
     weights and the rounds (launch and finish steps)."""
     torch.set_num_threads(1)
     model = toy.initial_model()
     optimizer = sgd(model)
-    loop = CoCoD(model, optimizer, tau=TAU, overlap=overlap, outer_optimizer=NESTEROV)
+    loop = CoCoD(
+        model, optimizer, tau=TAU, overlap=overlap, outer_optimizer=NESTEROV, compression=compression
+    )
     if resume:
         saved = torch.load(Path(folder, f"rank{rank}.pt"), weights_only=True)
         model.load_state_dict(saved["model"])
@@ -63,6 +65,19 @@ def test_the_loop_state_dict_resumes_mid_round_with_the_outer_state(tmp_path):
     resumed = results(run_ranks(train, tmp_path / "resumed", 1, STEPS, tmp_path, None, True))
     assert [r[0] for r in resumed] == [r[0] for r in straight]  # bit for bit
     assert straight[0][0] == straight[1][0]
+
+
+def test_compressed_pseudo_gradients_follow_the_rule_to_the_codec_s_precision(tmp_path):
+    exact = results(run_ranks(train, tmp_path / "exact", 1))
+    bf16 = results(run_ranks(train, tmp_path / "bf16", 1, STEPS, None, None, False, "bf16"))
+    _, final = reference_outer(2, STEPS, TAU, 1)
+    for rank in range(2):
+        got, want = torch.tensor(bf16[rank][0]), torch.tensor(final[rank])
+        # bf16 keeps 8 bits of each pseudo-gradient (error feedback carries the rest forward):
+        # close to the rule, and not the exact run's bits (the codec did run).
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-3)
+        assert bf16[rank][0] != exact[rank][0]
+    assert bf16[0][0] == bf16[1][0]
 
 
 def test_fabric_diloco_follows_the_rule(tmp_path):

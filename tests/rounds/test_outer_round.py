@@ -36,10 +36,11 @@ def _drive(rounds, workers, rank, first, last):
     return trajectory
 
 
-def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None):
+def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, weights=None):
     """Every worker's weights after each step and after the final synchronisation point.
     ``checkpoint_at``: a synchronisation point there, whose states (rounds, model, optimizer per
-    rank) are returned too; ``resume``: such states, the run starting from them at their step."""
+    rank) are returned too; ``resume``: such states, the run starting from them at their step;
+    ``weights``: each rank's share of every average."""
     workers = toy._Workers(world, steps)
     model_group, control_group = BlockingCluster(world), BlockingCluster(world)
     trajectories = [[] for _ in range(world)]
@@ -58,6 +59,7 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None):
             control=control_group.comms[rank],
         )  # fmt: skip
         rounds.optimizers = [optimizer]
+        rounds.weight = None if weights is None else weights[rank]
         rounds.start()
         if resume is not None:
             rounds.load_state(resume[rank]["rounds"])
@@ -92,17 +94,19 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None):
     return per_step[:-1], per_step[-1], saved
 
 
-def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM):
+def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weights=None):
     """The rule with a Nesterov outer step written out (torch's SGD convention: the first buffer
-    is the gradient itself); a fit ending inside a round merges it, then every rank averages."""
+    is the gradient itself); a fit ending inside a round merges it, then every rank averages.
+    ``weights``: each rank's share of the mean Delta and of the final average."""
     w = toy._Workers(world, steps)
+    share = weights or [1 / world] * world
     theta = [p.detach().clone() for p in w.params(0)]
     buffer, snaps, start, trajectory = None, None, 0, []
 
     @torch.no_grad()
     def merge():
         nonlocal buffer
-        delta = [sum(theta[k] - snaps[r][k] for r in range(world)) / world for k in range(len(theta))]
+        delta = [sum(share[r] * (theta[k] - snaps[r][k]) for r in range(world)) for k in range(len(theta))]
         buffer = delta if buffer is None else [momentum * b + g for b, g in zip(buffer, delta)]
         for k in range(len(theta)):
             theta[k] = theta[k] - lr * (delta[k] + momentum * buffer[k])
@@ -124,7 +128,11 @@ def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM):
         trajectory.append(w.state())
     if snaps is not None:
         merge()
-    w.average()
+    with torch.no_grad():
+        for k in range(len(theta)):
+            mean = sum(share[r] * w.params(r)[k] for r in range(world))
+            for r in range(world):
+                w.params(r)[k].copy_(mean)
     return trajectory, w.state()
 
 
@@ -143,6 +151,19 @@ def test_the_outer_round_follows_the_rule(world, tau, overlap):
     assert_close(trajectory, expected)
     assert_close(final, expected_final)
     assert all(rank == final[0] for rank in final)
+
+
+def test_heterogeneous_workers_weight_the_mean_pseudo_gradient():
+    # A rank with 3/4 of the global batch moves theta three times as far as the other.
+    weights = [0.25, 0.75]
+    trajectory, final, _ = train(
+        lambda: CoCoDRounds("test", tau=3, overlap=1, outer_optimizer=NESTEROV), weights=weights
+    )
+    expected, expected_final = reference_outer(2, STEPS, 3, 1, weights=weights)
+    assert_close(trajectory, expected)
+    assert_close(final, expected_final)
+    plain, _ = reference_outer(2, STEPS, 3, 1)
+    assert max(abs(a - b) for a, b in zip(plain[3][0], expected[3][0])) > 1e-3
 
 
 def test_diloco_is_the_outer_round_with_no_overlap_and_nesterov():
