@@ -203,7 +203,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["tau=0"],
-            "tau=0 is invalid; accepted: null (each method's default), a positive integer (optimizer steps per round of cocod and local_sgd",
+            "tau=0 is invalid; accepted: null (each method's default), a positive integer (optimizer steps per round of local_sgd, cocod, diloco;",
         ),
         (
             ["strategy=local_sgd", "tau=auto"],
