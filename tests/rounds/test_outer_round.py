@@ -265,3 +265,22 @@ def test_the_figures_say_the_period_and_overlap_of_each_round():
     figures = built[0].figures()
     assert figures["comm/tau"] == 4.0 and figures["comm/overlap"] == 1.0
     assert figures["comm/payload_bytes"] > 0
+
+
+def test_a_state_whose_outer_part_does_not_fit_is_refused_in_one_line():
+    _, _, saved = train(lambda: DiLoCoRounds("test", tau=3), checkpoint_at=4)
+    rounds = DiLoCoRounds("test", tau=3)
+    model = toy.initial_model()
+    rounds.attach(model, FakeCluster(1).comms[0], rank=0, world_size=1, device=torch.device("cpu"))
+    rounds.start()
+    state = saved[0]["rounds"]
+    rounds.load_state(state)  # fits
+    bad = {**state, "outer": {**state["outer"], "theta": [torch.zeros(3, dtype=torch.float64)]}}
+    with pytest.raises(
+        ValueError,
+        match=r"^test: the state's outer theta='list' is invalid; accepted: a list of tensors of 10 torch.float64$",
+    ):
+        rounds.load_state(bad)
+    other = {**state, "outer": {**state["outer"], "optimizer": {"state": {}, "param_groups": []}}}
+    with pytest.raises(ValueError, match=r"^test: the state's outer optimizer does not fit this run's \("):
+        rounds.load_state(other)
