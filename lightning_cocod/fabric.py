@@ -21,6 +21,9 @@ CoCoDFabricStrategy, LocalSGDFabricStrategy = (
     _classes["CoCoDFabricStrategy"],
     _classes["LocalSGDFabricStrategy"],
 )
-PipeSGDFabricStrategy = _classes["PipeSGDFabricStrategy"]
+PipeSGDFabricStrategy, DiLoCoFabricStrategy = (
+    _classes["PipeSGDFabricStrategy"],
+    _classes["DiLoCoFabricStrategy"],
+)
 
-__all__ = ["CoCoDFabricStrategy", "LocalSGDFabricStrategy", "PipeSGDFabricStrategy"]
+__all__ = ["CoCoDFabricStrategy", "DiLoCoFabricStrategy", "LocalSGDFabricStrategy", "PipeSGDFabricStrategy"]

@@ -15,6 +15,7 @@ _classes = install("lightning.pytorch", __name__, trainer_mixins("lightning.pyto
 _fabric_classes = install("lightning.fabric", __name__, fabric_mixins(), FABRIC_REGISTRY, IN_A_LOOP)
 CoCoDStrategy, LocalSGDStrategy = _classes["CoCoDStrategy"], _classes["LocalSGDStrategy"]
 PipeSGDStrategy, SSGDStrategy = _classes["PipeSGDStrategy"], _classes["SSGDStrategy"]
+DiLoCoStrategy, DiLoCoFabricStrategy = _classes["DiLoCoStrategy"], _fabric_classes["DiLoCoFabricStrategy"]
 
 CoCoDFabricStrategy, LocalSGDFabricStrategy = (
     _fabric_classes["CoCoDFabricStrategy"],
@@ -25,6 +26,8 @@ PipeSGDFabricStrategy = _fabric_classes["PipeSGDFabricStrategy"]
 __all__ = [
     "CoCoDFabricStrategy",
     "CoCoDStrategy",
+    "DiLoCoFabricStrategy",
+    "DiLoCoStrategy",
     "LocalSGDFabricStrategy",
     "LocalSGDStrategy",
     "PipeSGDFabricStrategy",

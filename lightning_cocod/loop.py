@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from lightning_cocod.core import CommStats, FlatBuffer, TorchDistCommunicator
-from lightning_cocod.rounds import CoCoDRounds, LocalSGDRounds, PipeSGDRounds, Rounds
+from lightning_cocod.rounds import CoCoDRounds, DiLoCoRounds, LocalSGDRounds, PipeSGDRounds, Rounds
 from lightning_cocod.rounds.options import check_weight, disagreement, parse_timeout
 
 _OWNER = "_lightning_cocod_loop"  # set on an optimizer while a loop object hooks it
@@ -310,8 +310,8 @@ class _RoundsLoop:
 class CoCoD(_RoundsLoop):
     """CoCoD-SGD: the round's all-reduce of the model overlaps ``tau`` local steps (see
     ``CoCoDStrategy``, whose options these are: ``tau`` (an integer or ``"auto"``), ``tau_min``,
-    ``tau_max``, ``progress``, ``average_buffers``, ``on_nonfinite``, ``compression``,
-    ``error_feedback``), on the default process group
+    ``tau_max``, ``progress``, ``overlap``, ``outer_optimizer``, ``average_buffers``,
+    ``on_nonfinite``, ``compression``, ``error_feedback``), on the default process group
     or ``group``; ``weight``: this rank's share of every average (None: the plain mean);
     ``timeout``: seconds (or a timedelta) before a collective gives up on a peer."""
 
@@ -344,4 +344,17 @@ class PipeSGD(_RoundsLoop):
     rounds_class = PipeSGDRounds
 
 
-LOOPS = {"cocod": CoCoD, "local_sgd": LocalSGD, "pipe_sgd": PipeSGD}
+class DiLoCo(_RoundsLoop):
+    """DiLoCo: every ``tau`` steps an outer step on the mean pseudo-gradient (see ``DiLoCoStrategy``,
+    whose options these are: ``tau``, ``overlap``, ``outer_optimizer``, ``average_buffers``,
+    ``on_nonfinite``, ``compression``, ``error_feedback``; ``group``, ``weight`` and ``timeout``
+    as ``CoCoD``'s)."""
+
+    rounds_class = DiLoCoRounds
+
+    @property
+    def tau(self) -> int:
+        return self.rounds.tau
+
+
+LOOPS = {"cocod": CoCoD, "diloco": DiLoCo, "local_sgd": LocalSGD, "pipe_sgd": PipeSGD}

@@ -64,6 +64,14 @@ METHODS: dict[str, Method] = {
             "lightning_cocod.strategies.cocod:CoCoDMethod",
             "CoCoD-SGD: all-reduce of the round-start model overlapped with tau local steps",
         ),
+        Method(
+            "diloco",
+            "DiLoCo",
+            True,
+            False,
+            "lightning_cocod.strategies.diloco:DiLoCoMethod",
+            "DiLoCo: every tau optimizer steps an outer Nesterov step on the mean pseudo-gradient",
+        ),
     )
 }
 PERIODIC = tuple(name for name, m in METHODS.items() if m.periodic)

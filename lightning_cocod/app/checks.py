@@ -94,7 +94,7 @@ def check(cfg: DictConfig) -> None:
     if cfg.tau not in (None, "auto") and not _positive_int(
         cfg.tau
     ):  # checked for S-SGD too, which ignores it
-        accepted = "optimizer steps per round of cocod and local_sgd; the other methods ignore it"
+        accepted = f"optimizer steps per round of {', '.join(PERIODIC)}; the other methods ignore it"
         raise bad(
             "tau",
             cfg.tau,

@@ -22,6 +22,7 @@ _LAZY = {
     "Handle": "lightning_cocod.core.comm",
     "TorchDistCommunicator": "lightning_cocod.core.comm",
     "FlatBuffer": "lightning_cocod.core.flat",
+    "OuterRound": "lightning_cocod.core.outer",
     "CommStats": "lightning_cocod.core.stats",
     "RoundRecord": "lightning_cocod.core.stats",
 }
@@ -35,6 +36,7 @@ __all__ = [
     "FlatBuffer",
     "GradientPipeline",
     "Handle",
+    "OuterRound",
     "RoundRecord",
     "TorchDistCommunicator",
     "average_blocking",

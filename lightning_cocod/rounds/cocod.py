@@ -1,6 +1,13 @@
 """CoCoD-SGD's rounds: the snapshot's all-reduce launched at a round's start, merged ``tau`` steps
 later by ``core.CoCoDRound`` (the rule, with what ``progress`` means). The options are
-``CoCoDMethod``'s; the period of ``tau="auto"`` is ``auto.AutoPeriod``'s."""
+``CoCoDMethod``'s; the period of ``tau="auto"`` is ``auto.AutoPeriod``'s.
+
+The generalized round is scheduled here too: with ``overlap`` d the snapshot is taken after step
+kH - d rather than at the round's start, and with an ``outer_optimizer`` the merge is
+``core.outer.OuterRound``'s (theta and its outer step). ``overlap=None`` and
+``outer_optimizer=None`` leave the paper's round exactly as it was: the launch condition below is
+then true at every step with no round pending, as it always was. ``DiLoCoRounds`` is the same
+round with DiLoCo's defaults."""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from torch import Tensor
 from lightning_cocod._options import invalid, is_int
 from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS, check_progress
+from lightning_cocod.core.outer import DILOCO_OUTER, OuterFactory, OuterRound, check_outer, describe_outer
 from lightning_cocod.rounds.auto import FIGURES, AutoPeriod
 from lightning_cocod.rounds.base import Rounds
 from lightning_cocod.rounds.period import check_period
@@ -26,6 +34,7 @@ log = logging.getLogger(__name__)
 # rank. Every rank thus agrees on the figures and on who holds NaN/Inf.
 _FLAGS = FIGURES + 1
 TAU = 'a positive integer (optimizer steps per round) or "auto"'
+PERIOD_ONLY = "a positive integer (optimizer steps per round)"
 
 
 class CoCoDRounds(Rounds):
@@ -38,11 +47,19 @@ class CoCoDRounds(Rounds):
         tau_min: int | None = None,
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
+        overlap: int | None = None,
+        outer_optimizer: OuterFactory | None = None,
         **common: Any,
     ) -> None:
         self.progress = check_progress(owner, progress)
         self.auto: AutoPeriod | None = None
         if tau == "auto" and isinstance(tau, str):
+            if overlap is not None or outer_optimizer is not None:
+                # AutoPeriod measures the paper's round, whose overlap is the whole period.
+                raise ValueError(
+                    f"{owner}: tau='auto' chooses the period of the paper's round only (overlap=None, "
+                    "outer_optimizer=None); with overlap or outer_optimizer give tau a number"
+                )
             self.auto = AutoPeriod(owner, tau_min, tau_max, self.progress)
             self.tau = self.auto.tau
         else:
@@ -51,9 +68,22 @@ class CoCoDRounds(Rounds):
                 raise ValueError(
                     f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset"
                 )
+        if overlap is not None and not (is_int(overlap) and 0 <= overlap <= self.tau):
+            accepted = f"None (the whole period, the paper's round) or an integer from 0 to tau={self.tau}"
+            raise invalid(owner, "overlap", overlap, accepted)
+        self.overlap = overlap
+        self.outer_optimizer = check_outer(owner, outer_optimizer)
+        if outer_optimizer is not None and self.progress != DEFAULT_PROGRESS:
+            raise invalid(
+                owner,
+                "progress",
+                progress,
+                "1 with an outer_optimizer (its learning rate is what progress would scale)",
+            )
         super().__init__(owner, **common)
-        self.round: CoCoDRound | None = None
+        self.round: CoCoDRound | OuterRound | None = None
         self._launch_step = 0
+        self._round_start = 0  # the step the round in progress began at: the last merge
         self._round_started = 0.0
         self._round_cost = 0.0
         self._control: Tensor | None = None  # the round's control all-reduce (see _FLAGS)
@@ -61,12 +91,22 @@ class CoCoDRounds(Rounds):
         self._snapshot_check: FiniteCheck | None = None
         self.tau_history: list[tuple[int, int]] = []  # (step, tau) at the start and at every change
 
+    @property
+    def overlap_in_force(self) -> int:
+        """d: the steps a round's all-reduce runs alongside (None means the whole period)."""
+        return self.tau if self.overlap is None else min(self.overlap, self.tau)
+
     def results(self) -> dict[str, Any]:
         return {**super().results(), "tau": self.tau, "tau_history": self.tau_history}
 
     def options(self) -> dict[str, Any]:
         tau: Any = "auto" if self.auto else self.tau
-        return {"tau": tau, "progress": self.progress, **super().options()}
+        options = {"tau": tau, "progress": self.progress}
+        if self.overlap is not None:
+            options["overlap"] = self.overlap
+        if self.outer_optimizer is not None:
+            options["outer_optimizer"] = describe_outer(self.outer_optimizer)
+        return {**options, **super().options()}
 
     def agreed(self) -> dict[str, Any]:
         agreed = super().agreed()
@@ -77,7 +117,13 @@ class CoCoDRounds(Rounds):
     def build(self) -> None:
         assert self.comm is not None
         assert self.round_comm is not None
-        self.round = CoCoDRound(self.tensors, self.round_comm, self.weight, self.progress)
+        if self.outer_optimizer is None:
+            self.round = CoCoDRound(self.tensors, self.round_comm, self.weight, self.progress)
+        else:
+            self.round = OuterRound(
+                self.tensors, self.round_comm, self.outer_optimizer, self.weight, self.owner
+            )
+        self._round_start = 0
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
         if self.auto is not None:
             self.auto.start()
@@ -89,6 +135,8 @@ class CoCoDRounds(Rounds):
 
     def flat_buffers(self) -> list[FlatBuffer]:
         mine = [self.round.snapshot, self.round.average] if self.round is not None else []
+        if isinstance(self.round, OuterRound):
+            mine.append(self.round.theta)
         return mine + [b for b in super().flat_buffers() if all(b is not m for m in mine)]
 
     def scratch_buffer(self) -> FlatBuffer:
@@ -103,14 +151,24 @@ class CoCoDRounds(Rounds):
         return self.tau  # no tighter than the round itself couples the workers
 
     def figures(self) -> dict[str, float]:
-        return {**super().figures(), "comm/tau": float(self.tau)}
+        # The overlap of the last round as it ran (a synchronisation point may end one early).
+        last = self.comm_stats.rounds[-1]
+        overlap = float(last.finish_step - last.launch_step)
+        return {**super().figures(), "comm/tau": float(self.tau), "comm/overlap": overlap}
 
     # -- the step ------------------------------------------------------------------------------------
 
     def begin_step(self) -> None:
         assert self.round is not None and self.comm is not None
-        if self.round.pending:
+        # The snapshot is taken d steps before the round ends: at once after a merge for the
+        # paper's round (d = tau); at the round's end itself for d = 0, which ``end_step`` runs.
+        overlap = self.overlap_in_force
+        if self.round.pending or overlap == 0 or self.steps - self._round_start < self.tau - overlap:
             return
+        self._launch()
+
+    def _launch(self) -> None:
+        assert self.round is not None
         beginning = time.perf_counter()
         self.follow_model()
         self.round.weight = self.weight
@@ -123,8 +181,11 @@ class CoCoDRounds(Rounds):
     def end_step(self) -> None:
         if self.round is not None and self.round.pending and self._control_handle is None:
             self._launch_control()
-        if self.steps - self._launch_step >= self.tau:
-            self.flush()
+        if self.steps - self._round_start < self.tau:
+            return
+        if self.round is not None and not self.round.pending and self.overlap_in_force == 0:
+            self._launch()  # d = 0: snapshot, reduce and merge at once (DiLoCo, Local-SGD)
+        self.flush()
 
     def _launch_control(self) -> None:
         """One step into the round: by now the snapshot's finite check and an earlier round's
@@ -142,12 +203,14 @@ class CoCoDRounds(Rounds):
     def flush(self, averaging_next: bool = False) -> None:
         if self.round is None or not self.round.pending:
             return
-        if self.steps == self._launch_step:
+        if self.steps == self._launch_step and self.overlap_in_force > 0:
             # Launched after the last step (a loop launches eagerly) and no step taken since: the
-            # weights are the snapshot, so the round is not merged; it was sent all the same, and
-            # its bytes and time count in the figures like any round's.
+            # weights are the snapshot, so the round is not merged (the same round is launched
+            # again from the same weights); it was sent all the same, and its bytes and time
+            # count in the figures like any round's.
             self.record(self.round.abandon(), self._launch_step, self.round.nbytes)
             return
+        self._round_start = self.steps
         if self._control_handle is None:  # fit or a checkpoint came inside the round's first step
             self._launch_control()
         steps = self.steps - self._launch_step
@@ -222,7 +285,14 @@ class CoCoDRounds(Rounds):
     # -- what a checkpoint keeps ---------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        state = {**super().state(), "tau": self.tau, "tau_history": self.tau_history}
+        state = {
+            **super().state(),
+            "tau": self.tau,
+            "tau_history": self.tau_history,
+            "round_start": self._round_start,
+        }
+        if isinstance(self.round, OuterRound):  # theta and the outer optimizer's state
+            state["outer"] = self.round.state_dict()
         return state | self.auto.state() if self.auto is not None else state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -241,9 +311,39 @@ class CoCoDRounds(Rounds):
             raise invalid(
                 self.owner, "the state's tau_history", history, "a list of (step >= 0, tau >= 1) pairs"
             )
+        # Where the round in progress began (a state saved before rounds could start late has
+        # none: its rounds began at the saved step).
+        start = state.get("round_start", self.steps)
+        if not (is_int(start) and 0 <= start <= self.steps):
+            raise invalid(self.owner, "the state's round_start", start, f"an integer from 0 to {self.steps}")
+        self._round_start = start
+        if isinstance(self.round, OuterRound) and "outer" in state:
+            self.round.load_state_dict(state["outer"], self.owner)
         if self.auto is None or "adaptive" not in state:  # a fixed tau is the caller's choice
             return
         self.tau = self.auto.load_state(state, tau)
         self.tau_history = [tuple(e) for e in history]
         if self.tau != tau:  # the saved period lies outside this fit's bounds
             self.tau_history.append((self.steps, self.tau))
+
+
+class DiLoCoRounds(CoCoDRounds):
+    """DiLoCo's rounds (Douillard et al. 2023): the outer round with no overlap and Nesterov SGD
+    as the outer optimizer (see ``DiLoCoMethod``)."""
+
+    def __init__(
+        self,
+        owner: str,
+        tau: int = 8,
+        overlap: int | None = 0,
+        outer_optimizer: OuterFactory | None = DILOCO_OUTER,
+        **common: Any,
+    ) -> None:
+        if tau == "auto":
+            raise invalid(owner, "tau", tau, PERIOD_ONLY)
+        super().__init__(owner, tau=tau, overlap=overlap, outer_optimizer=outer_optimizer, **common)
+
+    def options(self) -> dict[str, Any]:
+        options = super().options()
+        del options["progress"]  # not DiLoCo's option: its outer optimizer's lr is
+        return options

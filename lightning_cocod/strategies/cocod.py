@@ -6,6 +6,7 @@ from functools import partial
 from typing import Any
 
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS
+from lightning_cocod.core.outer import OuterFactory
 from lightning_cocod.rounds.cocod import CoCoDRounds
 from lightning_cocod.strategies.base import SyncStrategyBase, of_rounds
 
@@ -30,6 +31,16 @@ class CoCoDMethod(SyncStrategyBase):
             the longest that kept S-SGD's accuracy; docs/methods.md says why).
         progress: the share of its own progress since the round began that a worker keeps at the
             merge; 1 (the default) is the paper's rule (``core.averaging`` explains it).
+        overlap: d, the steps of a round its all-reduce runs alongside: the snapshot is taken
+            after step kH - d, the merge made after step kH (0 <= d <= tau). None (the default)
+            is the whole period, the paper's round.
+        outer_optimizer: a factory ``params -> torch.optim.Optimizer`` (e.g.
+            ``functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``; in Hydra
+            a ``_partial_: true`` config): the outer model theta is stepped with the mean of
+            ``theta - snap_i`` as its gradient and every worker merges
+            ``x_i <- theta' + (x_i - snap_i)`` (``core.outer``). None (the default) is the
+            paper's merge. Outer SGD with lr 1 and no momentum is that merge too, and at
+            ``overlap=0`` Local-SGD, up to rounding.
         compression: None (fp32, the default), "bf16" or "int8": rounds sent as encoded deltas
             (``core.compress``, docs/compression.md); ``error_feedback`` (default True) carries
             what encoding dropped to the next round.
@@ -40,6 +51,7 @@ class CoCoDMethod(SyncStrategyBase):
     tau = of_rounds("tau")
     tau_history = of_rounds("tau_history")  # (step, tau) at the start and at every change
     progress = of_rounds("progress")
+    overlap = of_rounds("overlap")
     rounds_class: type[CoCoDRounds] = CoCoDRounds  # a variant of the rounds (a study's control) sets its own
 
     def __init__(
@@ -50,6 +62,8 @@ class CoCoDMethod(SyncStrategyBase):
         progress: float = DEFAULT_PROGRESS,
         compression: str | None = None,
         error_feedback: bool = True,
+        overlap: int | None = None,
+        outer_optimizer: OuterFactory | None = None,
         **kwargs: Any,
     ) -> None:
         rounds = partial(
@@ -58,6 +72,8 @@ class CoCoDMethod(SyncStrategyBase):
             tau_min=tau_min,
             tau_max=tau_max,
             progress=progress,
+            overlap=overlap,
+            outer_optimizer=outer_optimizer,
             compression=compression,
             error_feedback=error_feedback,
         )

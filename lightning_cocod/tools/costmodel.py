@@ -144,7 +144,9 @@ def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
         return _compute(s, 1) + max(0.0, t_ar - s.overlap * s.step_seconds) + t_0
     if method == "pipe_sgd":
         return max(_compute(s, 1) + s.round_seconds, t_ar + t_0)
-    if method == "local_sgd":
+    if method in ("local_sgd", "diloco"):
+        # DiLoCo at its default overlap 0 blocks on its round as Local-SGD does; its outer step is
+        # the round's own work (round_seconds). An overlapped round is not modelled yet.
         return _compute(s, tau) + (t_0 + t_ar + s.round_seconds) / tau
     if method == "cocod":
         return (s.round_seconds + max(tau * _compute(s, tau), t_ar + t_0)) / tau

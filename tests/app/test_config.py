@@ -56,7 +56,7 @@ def compose_all(overrides: list[str]):
 
 
 def test_groups_have_the_options_the_layout_promises():
-    assert set(options("strategy")) == {"cocod", "local_sgd", "pipe_sgd", "ssgd"}
+    assert set(options("strategy")) == {"cocod", "diloco", "local_sgd", "pipe_sgd", "ssgd"}
     assert {"resnet18", "vgg16", "small_cnn", "mnist1d_cnn", "gpt"} <= set(options("model"))
     # An experiment's model settings are the model option of its name.
     assert set(options("experiment")) <= set(options("model"))
@@ -189,7 +189,10 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["strategy=foo"], "strategy=foo is not an option; accepted: cocod, local_sgd, pipe_sgd, ssgd"),
+        (
+            ["strategy=foo"],
+            "strategy=foo is not an option; accepted: cocod, diloco, local_sgd, pipe_sgd, ssgd",
+        ),
         (["experiment=nope"], "experiment=nope is not an option"),
         (["trainer.foo=1"], "unknown key 'trainer.foo'; trainer accepts: benchmark"),
         (["+trainer.foo=1"], "unknown key 'trainer.foo'; Trainer accepts: accumulate_grad_batches"),
@@ -200,7 +203,7 @@ def test_recipe_commands_compose(recipe, hetero, monkeypatch):
         ),
         (
             ["tau=0"],
-            "tau=0 is invalid; accepted: null (each method's default), a positive integer (optimizer steps per round of cocod and local_sgd",
+            "tau=0 is invalid; accepted: null (each method's default), a positive integer (optimizer steps per round of local_sgd, cocod, diloco;",
         ),
         (
             ["strategy=local_sgd", "tau=auto"],

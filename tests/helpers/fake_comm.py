@@ -7,6 +7,8 @@ the weighted sum into the waiting worker's buckets.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from lightning_cocod.core.comm import bucket_bytes, ring_bytes
@@ -72,3 +74,25 @@ class FakeHandle:
             bucket.copy_(sum(parts[r][i] for r in sorted(parts)))
         self.done = True
         self.comm.cluster.log.append(("wait", self.comm.rank, self.index))
+
+
+class BlockingHandle(FakeHandle):
+    """Waits (up to 30 s) for every rank's contribution: workers on threads, a blocking average."""
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + 30
+        while not self.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        super().wait()
+
+
+class BlockingComm(FakeComm):
+    def start_mean(self, buckets, weight=None):
+        handle = super().start_mean(buckets, weight)
+        return BlockingHandle(self, handle.index, handle.buckets)
+
+
+class BlockingCluster(FakeCluster):
+    def __init__(self, world_size: int) -> None:
+        super().__init__(world_size)
+        self.comms = [BlockingComm(self, rank) for rank in range(world_size)]

@@ -6,7 +6,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_cocod import CoCoDStrategy, LocalSGDStrategy, PipeSGDStrategy
+from lightning_cocod import CoCoDStrategy, DiLoCoStrategy, LocalSGDStrategy, PipeSGDStrategy
 from lightning_cocod.callbacks import ProportionalSampling
 from lightning_cocod.data import DigitsDataModule
 from lightning_cocod.models import ClassifierModule, SmallCNN
@@ -59,6 +59,10 @@ STRATEGIES = {
     # Compressed rounds resume with their reference average and residuals, bit for bit.
     "cocod_int8": lambda: CoCoDStrategy(tau=4, compression="int8", start_method="fork"),
     "local_sgd_bf16": lambda: LocalSGDStrategy(tau=4, compression="bf16", start_method="fork"),
+    # The outer round resumes with theta, the outer momentum and where the round began (the save
+    # at step 10 falls between round 3's start at 8 and its snapshot at 11).
+    "diloco_overlap": lambda: DiLoCoStrategy(tau=4, overlap=1, start_method="fork"),
+    "diloco_int8": lambda: DiLoCoStrategy(tau=4, compression="int8", start_method="fork"),
 }
 
 

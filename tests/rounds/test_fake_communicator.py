@@ -5,7 +5,6 @@ Each simulated worker runs its own loop in a thread, so that a blocking average 
 every synchronisation point) waits for the others as it would on a real group."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -13,36 +12,16 @@ import torch
 from lightning_cocod.core import CoCoDRound
 from lightning_cocod.rounds import CoCoDRounds, LocalSGDRounds, PipeSGDRounds
 from tests.helpers import toy
-from tests.helpers.fake_comm import FakeCluster, FakeComm, FakeHandle
+from tests.helpers.fake_comm import BlockingCluster, FakeCluster
 
 WORLD, STEPS = 2, 8
-
-
-class _BlockingHandle(FakeHandle):
-    def wait(self) -> None:
-        deadline = time.monotonic() + 30
-        while not self.is_completed() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        super().wait()
-
-
-class _BlockingComm(FakeComm):
-    def start_mean(self, buckets, weight=None):
-        handle = super().start_mean(buckets, weight)
-        return _BlockingHandle(self, handle.index, handle.buckets)
-
-
-class _BlockingCluster(FakeCluster):
-    def __init__(self, world_size: int) -> None:
-        super().__init__(world_size)
-        self.comms = [_BlockingComm(self, rank) for rank in range(world_size)]
 
 
 def train(make_rounds, steps=STEPS, built=None):
     """Every worker's weights after each step, and after the final synchronisation point
     (``built``: a list that receives each rank's rounds object)."""
     workers = toy._Workers(WORLD, steps)
-    model_group, control_group = _BlockingCluster(WORLD), _BlockingCluster(WORLD)
+    model_group, control_group = BlockingCluster(WORLD), BlockingCluster(WORLD)
     trajectories: list[list[list[float]]] = [[] for _ in range(WORLD)]
     errors: list[BaseException] = []
 

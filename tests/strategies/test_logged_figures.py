@@ -1,6 +1,7 @@
 """The round figures a logger receives (comm/*) on 2 gloo processes, checked against the rounds
 the strategy recorded: every logged value is the figure of the last round finished by that step,
-the running hidden share is recomputed here from the rounds, and comm/tau is the period in force."""
+the running hidden share is recomputed here from the rounds, comm/tau is the period in force and
+comm/overlap the steps the round's all-reduce ran alongside."""
 
 import json
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from pytorch_lightning.loggers import Logger
 
-from lightning_cocod import CoCoDStrategy, LocalSGDStrategy
+from lightning_cocod import CoCoDStrategy, DiLoCoStrategy, LocalSGDStrategy
 from tests.strategies.test_against_reference import fit
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -41,14 +42,15 @@ class RecordingLogger(Logger):
 
 
 @pytest.mark.parametrize(
-    "strategy, tau",
+    "strategy, tau, overlap",
     [
-        (lambda: CoCoDStrategy(tau=2, start_method="fork"), 2),
-        (lambda: LocalSGDStrategy(tau=3, start_method="fork"), 3),
+        (lambda: CoCoDStrategy(tau=2, start_method="fork"), 2, 2),
+        (lambda: LocalSGDStrategy(tau=3, start_method="fork"), 3, None),
+        (lambda: DiLoCoStrategy(tau=3, overlap=1, start_method="fork"), 3, 1),
     ],
-    ids=["cocod", "local_sgd"],
+    ids=["cocod", "local_sgd", "diloco-overlap-1"],
 )
-def test_logged_round_figures_are_the_recorded_rounds(tmp_path, strategy, tau):
+def test_logged_round_figures_are_the_recorded_rounds(tmp_path, strategy, tau, overlap):
     path = tmp_path / "logged.json"
     ranks = fit(strategy(), tmp_path, logger=RecordingLogger(path), log_every_n_steps=1)
     rounds = ranks[0]["rounds"]  # [launch_step, finish_step] per round
@@ -72,6 +74,7 @@ def test_logged_round_figures_are_the_recorded_rounds(tmp_path, strategy, tau):
             min(1.0, max(0.0, 1 - total_exposed / total_comm)), abs=1e-6
         )
         assert row["comm/tau"] == tau
+        assert row.get("comm/overlap") == overlap
         assert row["comm/payload_bytes"] == (4 * 2 + 2) * 8  # Linear(4, 2) in float64
 
 

@@ -347,7 +347,7 @@ def test_the_tools_codec_names_are_the_strategies():
         ("cocod:int4", "option 'int4' of method 'cocod:int4' not understood; accepted: "),
         (
             "ssgd:int8",
-            "compression bf16 or int8 (local_sgd, cocod), DDP hook bf16, fp16 or powersgd[RANK] (ssgd)",
+            "compression bf16 or int8 (local_sgd, cocod, diloco), DDP hook bf16, fp16 or powersgd[RANK] (ssgd)",
         ),
         ("pipe_sgd:bf16", "option 'bf16' of method 'pipe_sgd:bf16' not understood"),
         ("cocod:int8:bf16", "method 'cocod:int8:bf16' names two codecs, 'int8' and 'bf16': give one"),
@@ -431,7 +431,9 @@ def test_the_worker_builds_compressed_rounds_and_ddp_hooks_and_refuses_them_else
     assert make_strategy("cocod", 4).rounds.codec is None
     hooked = make_strategy("ssgd", 4, comm_hook="powersgd", powersgd_rank=2)
     assert hooked.comm_hook == "powersgd" and hooked._ddp_comm_state.matrix_approximation_rank == 2
-    with pytest.raises(ValueError, match="compression='int8' compresses rounds of local_sgd, cocod only"):
+    with pytest.raises(
+        ValueError, match="compression='int8' compresses rounds of local_sgd, cocod, diloco only"
+    ):
         make_strategy("ssgd", 4, compression="int8")
     with pytest.raises(ValueError, match="comm_hook='bf16' is a DDP hook of ssgd only; 'cocod' takes none"):
         make_strategy("cocod", 4, comm_hook="bf16")

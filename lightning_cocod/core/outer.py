@@ -1,0 +1,182 @@
+"""The outer round: an outer model theta and an outer optimizer over it (no Lightning here).
+
+One round on worker i, with period H and overlap d (0 <= d <= H, counted in optimizer steps):
+
+    after step kH - d:  s_i <- x_i;  start the all-reduce of Delta_i = theta - s_i
+    ... d local steps while it is in flight ...
+    after step kH:      wait for Delta = sum_j p_j Delta_j;  theta' <- outer step on theta with
+                        grad = Delta;  x_i <- theta' + (x_i - s_i);  theta <- theta'
+
+theta starts as the common initial model; the inner optimizer's state stays local. d = 0 with
+Nesterov SGD (lr 0.7, momentum 0.9) is DiLoCo (Douillard et al. 2023); a small d keeps the
+local steps taken while the reduction was in flight (Streaming DiLoCo's overlap, Douillard et al.
+2025, with this correction in place of its blend); a heavy-ball outer SGD is SlowMo's outer step
+(Wang et al. 2020). Outer SGD with lr 1 and no momentum gives theta' = mean_j s_j: Local-SGD at
+d = 0, CoCoD-SGD's merge at d = H, up to rounding (theta - (theta - mean s) is not always mean s
+in floating point). The rounds that schedule it are ``rounds.cocod.CoCoDRounds``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from lightning_cocod._options import invalid
+from lightning_cocod.core.comm import Communicator, Handle
+from lightning_cocod.core.flat import FlatBuffer
+
+OuterFactory = Callable[[list[Tensor]], Optimizer]
+# DiLoCo's outer optimizer (Douillard et al. 2023, for AdamW workers; torchft's DiLoCo defaults to it too).
+DILOCO_OUTER: OuterFactory = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
+ACCEPTED = (
+    "None (the paper's merge: theta' = mean of the snapshots) or a callable params -> "
+    "torch.optim.Optimizer, e.g. functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)"
+)
+
+
+def describe_outer(factory: OuterFactory | None) -> str | None:
+    """A factory in words that compare equal on every rank (a partial has no equality of its own):
+    what the options print and what the ranks agree on."""
+    if factory is None:
+        return None
+    if isinstance(factory, functools.partial):
+        args = [repr(a) for a in factory.args] + [f"{k}={v!r}" for k, v in factory.keywords.items()]
+        return f"{describe_outer(factory.func)}({', '.join(args)})"
+    module = getattr(factory, "__module__", None) or type(factory).__module__
+    name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    return f"{module}.{name}"
+
+
+def build_outer(owner: str, factory: Any, params: list[Tensor]) -> Optimizer:
+    """``factory(params)``, or a one-line ValueError naming ``owner`` when it is no factory of an
+    optimizer (not callable, raising, or returning something else)."""
+    if not callable(factory):
+        raise invalid(owner, "outer_optimizer", factory, ACCEPTED)
+    try:
+        built = factory(params)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's factory is the option's
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise invalid(owner, "outer_optimizer", factory, f"{ACCEPTED} (it raised: {first})") from None
+    if not isinstance(built, Optimizer):
+        raise invalid(owner, "outer_optimizer", factory, f"{ACCEPTED} (it returned a {type(built).__name__})")
+    return built
+
+
+def check_outer(owner: str, factory: Any) -> OuterFactory | None:
+    """Refuse a bad factory now, before any worker starts, by building it once over a throwaway
+    tensor (the real one is built over theta when training starts)."""
+    if factory is not None:
+        build_outer(owner, factory, [torch.zeros(1)])
+    return factory
+
+
+class OuterRound:
+    """The outer round in the verbs of ``CoCoDRound``: ``begin`` (snapshot, launch Delta_i) and
+    ``finish`` (wait, outer step, merge), over persistent flat buffers.
+
+    Memory: three flat copies of the model (the snapshot, theta, and the buffer the all-reduce
+    works in, which holds Delta), plus the outer optimizer's state (one more for momentum). The
+    outer optimizer steps theta's flat buckets, whose ``.grad`` is the mean Delta during the step.
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[Tensor],
+        comm: Communicator,
+        factory: OuterFactory,
+        weight: float | None = None,
+        owner: str = "OuterRound",
+    ) -> None:
+        self.tensors = list(tensors)
+        self.comm = comm
+        self.weight = weight
+        self.snapshot = FlatBuffer(self.tensors)
+        self.average = FlatBuffer(self.tensors)  # Delta_i, then the mean Delta
+        self.theta = FlatBuffer(self.tensors)
+        self.theta.pack(self.tensors)  # the common initial model
+        self.optimizer = build_outer(owner, factory, self.theta.buckets)
+        self.handle: Handle | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.handle is not None
+
+    @property
+    def nbytes(self) -> int:
+        return self.average.nbytes
+
+    def begin(self) -> Handle:
+        if self.handle is not None:
+            raise RuntimeError("OuterRound.begin() called while the previous round is still pending")
+        self.snapshot.pack(self.tensors)
+        for delta, theta, snapshot in zip(self.average.buckets, self.theta.buckets, self.snapshot.buckets):
+            torch.sub(theta, snapshot, out=delta)
+        self.handle = self.comm.start_mean(self.average.buckets, self.weight)
+        return self.handle
+
+    def _landed(self, verb: str) -> Handle:
+        if self.handle is None:
+            raise RuntimeError(f"OuterRound.{verb}() called with no round pending")
+        handle, self.handle = self.handle, None
+        handle.wait()
+        return handle
+
+    def abandon(self) -> Handle:
+        """Wait for the round's all-reduce and drop it: theta and the workers stay as they are."""
+        return self._landed("abandon")
+
+    def finish(self) -> Handle:
+        handle = self._landed("finish")
+        for theta, delta in zip(self.theta.buckets, self.average.buckets):
+            theta.grad = delta
+        self.optimizer.step()
+        for theta in self.theta.buckets:
+            theta.grad = None
+        # x <- theta' + (x - s): the local steps taken since the snapshot are kept (zero at d = 0).
+        torch._foreach_sub_(self.tensors, self.snapshot.views)
+        torch._foreach_add_(self.tensors, self.theta.views)
+        return handle
+
+    # Before a synchronisation point the outer step is taken all the same: the exact average
+    # that follows averages the workers, not the outer update, which no average stands in for.
+    settle = finish
+
+    def state_dict(self) -> dict[str, Any]:
+        """theta and the outer optimizer's state, the same on every rank (every rank steps the
+        same theta with the same mean Delta)."""
+        return {
+            "theta": [b.detach().cpu().clone() for b in self.theta.buckets],
+            # A copy: the optimizer's own dict holds its live buffers, which the next step changes.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+
+    def load_state_dict(self, state: Any, owner: str) -> None:
+        theta = state.get("theta") if isinstance(state, dict) else None
+        buckets = self.theta.buckets
+        if not (
+            isinstance(theta, list)
+            and len(theta) == len(buckets)
+            and all(
+                isinstance(t, Tensor) and t.shape == b.shape and t.dtype == b.dtype
+                for t, b in zip(theta, buckets)
+            )
+        ):
+            shapes = ", ".join(f"{b.numel()} {b.dtype}" for b in buckets)
+            raise invalid(
+                owner, "the state's outer theta", type(theta).__name__, f"a list of tensors of {shapes}"
+            )
+        for bucket, saved in zip(buckets, theta):
+            bucket.copy_(saved)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError, TypeError) as err:
+            raise ValueError(
+                f"{owner}: the state's outer optimizer does not fit this run's ({err}); accepted: the "
+                "state of the same outer_optimizer over the same model"
+            ) from None

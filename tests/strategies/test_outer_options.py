@@ -1,0 +1,114 @@
+"""``overlap`` and ``outer_optimizer`` refused at construction, in one line naming the option and what
+is accepted, by every front-end (Trainer strategies of both namespaces, the loop API, Fabric),
+before any worker starts."""
+
+import functools
+
+import pytest
+import torch
+
+from tests.helpers import toy
+
+BAD_OVERLAP = [-1, 5, 1.0, True, "1"]  # tau=4: below 0, above tau, a float, a bool, a string
+NOT_AN_OPTIMIZER = [3, "torch.optim.SGD", lambda params: 3, lambda params: torch.zeros(1)]
+
+
+def _front_ends():
+    import lightning_cocod
+    import lightning_cocod.lightning as lit
+    from lightning_cocod.fabric import CoCoDFabricStrategy, DiLoCoFabricStrategy
+    from lightning_cocod.loop import CoCoD, DiLoCo
+
+    model = toy.initial_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {
+        "CoCoDStrategy": lightning_cocod.CoCoDStrategy,
+        "DiLoCoStrategy": lightning_cocod.DiLoCoStrategy,
+        "DiLoCoStrategy ": lit.DiLoCoStrategy,  # the lightning.pytorch class
+        "CoCoD": functools.partial(CoCoD, model, optimizer),
+        "DiLoCo": functools.partial(DiLoCo, model, optimizer),
+        "CoCoDFabricStrategy": CoCoDFabricStrategy,
+        "DiLoCoFabricStrategy": DiLoCoFabricStrategy,
+    }
+
+
+FRONT_ENDS = sorted(_front_ends())
+
+
+def _refusal(make, **options):
+    with pytest.raises(ValueError) as raised:  # the message is checked below
+        make(tau=4, **options)
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+@pytest.mark.parametrize("overlap", BAD_OVERLAP, ids=repr)
+def test_a_bad_overlap_is_refused_in_one_line(name, overlap):
+    message = _refusal(_front_ends()[name], overlap=overlap)
+    assert message == (
+        f"{name.strip()}: overlap={overlap!r} is invalid; accepted: None (the whole period, the paper's "
+        "round) or an integer from 0 to tau=4"
+    )
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+@pytest.mark.parametrize("outer", NOT_AN_OPTIMIZER, ids=["int", "str", "returns-int", "returns-tensor"])
+def test_an_outer_optimizer_that_builds_no_optimizer_is_refused_in_one_line(name, outer):
+    message = _refusal(_front_ends()[name], outer_optimizer=outer)
+    assert message.startswith(
+        f"{name.strip()}: outer_optimizer={outer!r} is invalid; accepted: None (the paper's"
+    )
+    assert "torch.optim.Optimizer" in message
+    if callable(outer):  # what it built instead is said
+        assert message.endswith(f"(it returned a {type(outer([])).__name__})")
+
+
+def test_a_factory_that_raises_is_refused_with_its_first_line():
+    import lightning_cocod
+
+    def broken(params):
+        raise RuntimeError("no such optimizer\nsecond line")
+
+    message = _refusal(lightning_cocod.DiLoCoStrategy, outer_optimizer=broken)
+    assert message.endswith("(it raised: no such optimizer)")
+
+
+def test_what_does_not_combine_is_refused_in_one_line():
+    import lightning_cocod
+
+    nesterov = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
+    for options in ({"overlap": 1}, {"outer_optimizer": nesterov}):
+        with pytest.raises(
+            ValueError, match=r"^CoCoDStrategy: tau='auto' chooses the period of the paper's round only"
+        ):
+            lightning_cocod.CoCoDStrategy(tau="auto", **options)
+    with pytest.raises(
+        ValueError, match=r"^DiLoCoStrategy: tau='auto' is invalid; accepted: a positive integer"
+    ):
+        lightning_cocod.DiLoCoStrategy(tau="auto")
+    with pytest.raises(
+        ValueError, match=r"^CoCoDStrategy: progress=2.0 is invalid; accepted: 1 with an outer_optimizer"
+    ):
+        lightning_cocod.CoCoDStrategy(tau=4, progress=2.0, outer_optimizer=nesterov)
+    with pytest.raises(TypeError, match=r"^DiLoCoStrategy got unsupported option\(s\) progress=2.0"):
+        lightning_cocod.DiLoCoStrategy(progress=2.0)
+
+
+def test_the_options_print_as_given_and_every_name_is_registered():
+    import pytorch_lightning as pl
+
+    import lightning_cocod
+
+    outer = functools.partial(torch.optim.SGD, lr=1.0)
+    strategy = lightning_cocod.CoCoDStrategy(tau=4, overlap=1, outer_optimizer=outer)
+    assert strategy.rounds.options()["outer_optimizer"] == "torch.optim.sgd.SGD(lr=1.0)"
+    assert strategy.overlap == 1
+    assert lightning_cocod.CoCoDStrategy(tau=4).rounds.options() == {
+        "tau": 4,
+        "progress": 1.0,
+        "average_buffers": True,
+    }  # the paper's round prints as it did
+    for name in ("diloco", "diloco_fork", "diloco_spawn"):
+        assert name in pl.strategies.StrategyRegistry
