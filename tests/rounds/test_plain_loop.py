@@ -59,6 +59,7 @@ def test_cocod_rounds_from_a_plain_loop_follow_the_update_rule():
         "weight": None,
         "tau": TAU,
         "tau_history": [(0, TAU)],
+        "round_start": STEPS,  # the last round merged at the last step, where the next one begins
     }
 
 
