@@ -11,6 +11,7 @@ Local-SGD averages the live model, blocking. Pipe-SGD all-reduces gradients one 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,7 +35,54 @@ def check_progress(owner: str, progress: object) -> float:
     return number(owner, "progress", progress, accepted, above=0.0)
 
 
-class CoCoDRound:
+class SnapshotRound(ABC):
+    """What every snapshot round shares: the snapshot ``s`` of the live tensors at ``begin``, the
+    buffer the all-reduce works in, and the one pending handle. A subclass says what the buffer
+    holds (``_to_reduce``) and how the live tensors take the result (``finish``)."""
+
+    def __init__(self, tensors: Sequence[Tensor], comm: Communicator, weight: float | None = None) -> None:
+        self.tensors = list(tensors)
+        self.comm = comm
+        self.weight = weight
+        self.snapshot = FlatBuffer(self.tensors)
+        self.average = FlatBuffer(self.tensors)
+        self.handle: Handle | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.handle is not None
+
+    @property
+    def nbytes(self) -> int:
+        return self.average.nbytes
+
+    @abstractmethod
+    def _to_reduce(self) -> None:
+        """Fill ``average`` from the snapshot just taken."""
+
+    def begin(self) -> Handle:
+        if self.handle is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.begin() called while the previous round is still pending"
+            )
+        self.snapshot.pack(self.tensors)
+        self._to_reduce()
+        self.handle = self.comm.start_mean(self.average.buckets, self.weight)
+        return self.handle
+
+    def _landed(self, verb: str) -> Handle:
+        if self.handle is None:
+            raise RuntimeError(f"{type(self).__name__}.{verb}() called with no round pending")
+        handle, self.handle = self.handle, None
+        handle.wait()
+        return handle
+
+    def abandon(self) -> Handle:
+        """Wait for the round's all-reduce and drop it: nothing is merged."""
+        return self._landed("abandon")
+
+
+class CoCoDRound(SnapshotRound):
     """A round in two verbs, ``begin`` and ``finish``, over persistent flat buffers.
 
     Memory: two flat copies of the tensors (the snapshot, and the buffer the all-reduce works
@@ -61,40 +109,11 @@ class CoCoDRound:
         weight: float | None = None,
         progress: float = DEFAULT_PROGRESS,
     ) -> None:
-        self.tensors = list(tensors)
-        self.comm = comm
-        self.weight = weight
+        super().__init__(tensors, comm, weight)
         self.progress = check_progress("CoCoDRound", progress)
-        self.snapshot = FlatBuffer(self.tensors)
-        self.average = FlatBuffer(self.tensors)
-        self.handle: Handle | None = None
 
-    @property
-    def pending(self) -> bool:
-        return self.handle is not None
-
-    @property
-    def nbytes(self) -> int:
-        return self.average.nbytes
-
-    def begin(self) -> Handle:
-        if self.handle is not None:
-            raise RuntimeError("CoCoDRound.begin() called while the previous round is still pending")
-        self.snapshot.pack(self.tensors)
+    def _to_reduce(self) -> None:
         self.average.copy_(self.snapshot)
-        self.handle = self.comm.start_mean(self.average.buckets, self.weight)
-        return self.handle
-
-    def _landed(self, verb: str) -> Handle:
-        if self.handle is None:
-            raise RuntimeError(f"CoCoDRound.{verb}() called with no round pending")
-        handle, self.handle = self.handle, None
-        handle.wait()
-        return handle
-
-    def abandon(self) -> Handle:
-        """Wait for the round's all-reduce and drop it: nothing is merged."""
-        return self._landed("abandon")
 
     def finish(self) -> Handle:
         handle = self._landed("finish")

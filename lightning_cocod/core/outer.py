@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_cocod._options import invalid
+from lightning_cocod.core.averaging import SnapshotRound
 from lightning_cocod.core.comm import Communicator, Handle
 from lightning_cocod.core.flat import FlatBuffer
 
@@ -76,7 +77,7 @@ def check_outer(owner: str, factory: Any) -> OuterFactory | None:
     return factory
 
 
-class OuterRound:
+class OuterRound(SnapshotRound):
     """The outer round in the verbs of ``CoCoDRound``: ``begin`` (snapshot, launch Delta_i) and
     ``finish`` (wait, outer step, merge), over persistent flat buffers.
 
@@ -93,43 +94,14 @@ class OuterRound:
         weight: float | None = None,
         owner: str = "OuterRound",
     ) -> None:
-        self.tensors = list(tensors)
-        self.comm = comm
-        self.weight = weight
-        self.snapshot = FlatBuffer(self.tensors)
-        self.average = FlatBuffer(self.tensors)  # Delta_i, then the mean Delta
+        super().__init__(tensors, comm, weight)  # average: Delta_i, then the mean Delta
         self.theta = FlatBuffer(self.tensors)
         self.theta.pack(self.tensors)  # the common initial model
         self.optimizer = build_outer(owner, factory, self.theta.buckets)
-        self.handle: Handle | None = None
 
-    @property
-    def pending(self) -> bool:
-        return self.handle is not None
-
-    @property
-    def nbytes(self) -> int:
-        return self.average.nbytes
-
-    def begin(self) -> Handle:
-        if self.handle is not None:
-            raise RuntimeError("OuterRound.begin() called while the previous round is still pending")
-        self.snapshot.pack(self.tensors)
+    def _to_reduce(self) -> None:
         for delta, theta, snapshot in zip(self.average.buckets, self.theta.buckets, self.snapshot.buckets):
             torch.sub(theta, snapshot, out=delta)
-        self.handle = self.comm.start_mean(self.average.buckets, self.weight)
-        return self.handle
-
-    def _landed(self, verb: str) -> Handle:
-        if self.handle is None:
-            raise RuntimeError(f"OuterRound.{verb}() called with no round pending")
-        handle, self.handle = self.handle, None
-        handle.wait()
-        return handle
-
-    def abandon(self) -> Handle:
-        """Wait for the round's all-reduce and drop it: theta and the workers stay as they are."""
-        return self._landed("abandon")
 
     def finish(self) -> Handle:
         handle = self._landed("finish")
