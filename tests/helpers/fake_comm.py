@@ -7,7 +7,9 @@ the weighted sum into the waiting worker's buckets.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -96,3 +98,26 @@ class BlockingCluster(FakeCluster):
     def __init__(self, world_size: int) -> None:
         super().__init__(world_size)
         self.comms = [BlockingComm(self, rank) for rank in range(world_size)]
+
+
+def run_ranks_in_threads(worker: Callable[[int], None], world: int, timeout: float = 60) -> None:
+    """``worker(rank)`` on a thread per rank (so that a blocking average waits for the others);
+    the first rank's failure is raised here, and a rank still running at the deadline fails."""
+    errors: list[BaseException] = []
+
+    def guarded(rank: int) -> None:
+        try:
+            worker(rank)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(rank,), daemon=True) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    hung = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+    assert not hung, f"rank(s) {hung} still ran after {timeout} s"

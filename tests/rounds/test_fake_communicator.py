@@ -4,15 +4,13 @@ against the update rule computed in plain tensors (``tests.helpers.toy``), and `
 Each simulated worker runs its own loop in a thread, so that a blocking average (Local-SGD's round,
 every synchronisation point) waits for the others as it would on a real group."""
 
-import threading
-
 import pytest
 import torch
 
 from lightning_cocod.core import CoCoDRound
 from lightning_cocod.rounds import CoCoDRounds, LocalSGDRounds, PipeSGDRounds
 from tests.helpers import toy
-from tests.helpers.fake_comm import BlockingCluster, FakeCluster
+from tests.helpers.fake_comm import BlockingCluster, FakeCluster, run_ranks_in_threads
 
 WORLD, STEPS = 2, 8
 
@@ -23,7 +21,6 @@ def train(make_rounds, steps=STEPS, built=None):
     workers = toy._Workers(WORLD, steps)
     model_group, control_group = BlockingCluster(WORLD), BlockingCluster(WORLD)
     trajectories: list[list[list[float]]] = [[] for _ in range(WORLD)]
-    errors: list[BaseException] = []
 
     def worker(rank: int) -> None:
         model, optimizer = workers.models[rank], workers.opts[rank]
@@ -54,19 +51,7 @@ def train(make_rounds, steps=STEPS, built=None):
         rounds.run(rounds.sync)
         trajectories[rank].append(toy.flat(model))
 
-    def guarded(rank: int) -> None:
-        try:
-            worker(rank)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=guarded, args=(rank,)) for rank in range(WORLD)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    if errors:
-        raise errors[0]
+    run_ranks_in_threads(worker, WORLD)
     per_step = [list(ranks) for ranks in zip(*trajectories)]
     return per_step[:-1], per_step[-1]
 

@@ -5,7 +5,6 @@ that blocking averages wait for the others as on a real group."""
 
 import copy
 import functools
-import threading
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from lightning_cocod.core import CoCoDRound
 from lightning_cocod.rounds import CoCoDRounds, DiLoCoRounds, LocalSGDRounds
 from tests.helpers import toy
-from tests.helpers.fake_comm import BlockingCluster, FakeCluster
+from tests.helpers.fake_comm import BlockingCluster, FakeCluster, run_ranks_in_threads
 
 STEPS, LR, MOMENTUM = 8, 0.7, 0.9
 NESTEROV = functools.partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM, nesterov=True)
@@ -45,7 +44,6 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
     model_group, control_group = BlockingCluster(world), BlockingCluster(world)
     trajectories = [[] for _ in range(world)]
     saved = [None] * world
-    errors = []
 
     def worker(rank):
         model, optimizer = workers.models[rank], workers.opts[rank]
@@ -77,19 +75,7 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
         rounds.run(rounds.sync)
         trajectories[rank].append(toy.flat(model))
 
-    def guarded(rank):
-        try:
-            worker(rank)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=guarded, args=(rank,)) for rank in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    if errors:
-        raise errors[0]
+    run_ranks_in_threads(worker, world)
     per_step = [list(ranks) for ranks in zip(*trajectories)]
     return per_step[:-1], per_step[-1], saved
 
