@@ -13,10 +13,12 @@ Importing the package imports no Lightning: the names above are loaded on first 
 
 from __future__ import annotations
 
+from lightning_cocod import _moved
 from lightning_cocod._lazy import lazy_attributes
 from lightning_cocod._registration import register_in_every_namespace
 
 register_in_every_namespace()
+_moved.install()
 
 __version__ = "0.1.0"
 _LAZY = {
