@@ -14,7 +14,7 @@
 #   NNODES, NPROC     a count from 1 to 99999;  MAX_RESTARTS  a count from 0 to 99999
 #   RATE              a tc rate: a number and kbit, mbit or gbit: 100mbit
 #   SLOWDOWN          a list of positive factors: [1,1,2,2]
-#   RUN_ID            letters, digits and _ . + - (at most 100, not starting with . + -)
+#   RUN_ID, GROUP     letters, digits and _ . + - (at most 100, not starting with . + -)
 #   OUT_ROOT          a path of letters, digits and _ . / + - (not starting with -)
 #   HEAD              a host name or address: letters, digits, . and -
 
@@ -51,8 +51,10 @@ check_env() {
       [[ ! "$f" =~ ^[0.]+$ ]] || refuse SLOWDOWN "a list of positive factors ([1,1,2,2])"
     done
   fi
-  [[ -z "${RUN_ID:-}" || "$RUN_ID" =~ ^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}$ ]] ||
-    refuse RUN_ID "letters, digits and _ . + -, at most 100, not starting with . + -"
+  for name in RUN_ID GROUP; do
+    [[ -z "${!name:-}" || "${!name}" =~ ^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}$ ]] ||
+      refuse "$name" "letters, digits and _ . + -, at most 100, not starting with . + -"
+  done
   [[ -z "${OUT_ROOT:-}" || "$OUT_ROOT" =~ ^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$ ]] ||
     refuse OUT_ROOT "a path of letters, digits and _ . / + -, not starting with -"
   [[ -z "${HEAD:-}" || "$HEAD" =~ ^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$ ]] ||

@@ -20,7 +20,9 @@
 # DRY_RUN=1 prints the commands.
 source "$(dirname "$0")/shaped_study.sh"
 EXPERIMENT=gpt
-GROUP=gpt-$RUN_ID  # the study's own group: targets and speedups are over its own S-SGD runs
+# The study's own group: targets and speedups are over its own S-SGD runs;
+# GROUP=<an earlier run's group> adds seeds or rows to it.
+GROUP=${GROUP:-gpt-$RUN_ID}
 COCOD_SWEEPS=(
   "cocod|strategy=cocod strategy.compression=null,bf16,int8"
   "long|strategy=cocod strategy.compression=int8 tau=8"

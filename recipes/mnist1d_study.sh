@@ -24,7 +24,9 @@ OUT_ROOT=${OUT_ROOT:-outputs}
 SEEDS=${SEEDS:-0,1,2}
 WORKERS=${WORKERS:-4,8}
 TAUS=${TAUS:-1,2,4,16}
-GROUP=mnist1d-$RUN_ID  # the study's own group: its speedups are over its own S-SGD runs
+# The study's own group: its speedups are over its own S-SGD runs;
+# GROUP=<an earlier run's group> adds seeds or rows to it.
+GROUP=${GROUP:-mnist1d-$RUN_ID}
 source "$(dirname "$0")/common.sh"  # checks every variable above (and DRY_RUN); run()
 common=(experiment=mnist1d out_root="$OUT_ROOT" group="$GROUP" launcher.devices="${WORKERS// /,}" seed="$SEEDS")
 run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-methods" "$@" \

@@ -1,8 +1,9 @@
 # Shared by the time-to-target studies on shaped links (sourced, not run): each recipe sets
-# EXPERIMENT, GROUP (after sourcing, from RUN_ID) and COCOD_SWEEPS ("name|overrides" per CoCoD-SGD
-# sweep), then calls shaped_study "$@". For each worker count, one sweep after another: S-SGD and
-# Local-SGD at tau 4 and 8, S-SGD with DDP's bf16 gradient hook, then the CoCoD-SGD sweeps; then
-# cocod-report writes the group's table and plots. Every worker sits behind its own link of RATE.
+# EXPERIMENT, GROUP (after sourcing, from RUN_ID) and COCOD_SWEEPS ("name|overrides" per sweep),
+# may replace BASE_SWEEPS (the baselines, run first, in the same form), then calls shaped_study "$@".
+# For each worker count, one sweep after another: by default S-SGD and Local-SGD at tau 4 and 8,
+# S-SGD with DDP's bf16 gradient hook, then the recipe's sweeps; then cocod-report writes the
+# group's table and plots. Every worker sits behind its own link of RATE.
 # DRY_RUN=1 prints the commands instead of running them (tests compose what it prints).
 set -euo pipefail
 RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
@@ -14,17 +15,18 @@ RATE=${RATE:-100mbit}  # per worker, each way
 # is itself sourced: BASH_SOURCE, not $0, is where it lies.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+BASE_SWEEPS=(
+  "base|strategy=ssgd,local_sgd tau=4,8"
+  "hook|strategy=ssgd strategy.comm_hook=bf16"
+)
+
 shaped_study() {
   local workers sweep overrides common counts
   IFS=', ' read -r -a counts <<<"$WORKERS"  # split, never glob-expanded (check_env: counts only)
   for workers in "${counts[@]}"; do
     common=(experiment="$EXPERIMENT" launcher.rate="$RATE" launcher.topology=pernode out_root="$OUT_ROOT"
       group="$GROUP" launcher.devices="$workers" seed="$SEEDS")
-    run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-base" "$@" \
-      strategy=ssgd,local_sgd tau=4,8
-    run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-hook" "$@" \
-      strategy=ssgd strategy.comm_hook=bf16
-    for sweep in "${COCOD_SWEEPS[@]}"; do
+    for sweep in "${BASE_SWEEPS[@]}" "${COCOD_SWEEPS[@]}"; do
       read -r -a overrides <<<"${sweep#*|}"
       run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-${sweep%%|*}" "$@" "${overrides[@]}"
     done

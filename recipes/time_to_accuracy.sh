@@ -21,7 +21,9 @@
 # DRY_RUN=1 prints the commands.
 source "$(dirname "$0")/shaped_study.sh"
 EXPERIMENT=mnist1d_tta
-GROUP=tta-$RUN_ID  # the study's own group: targets and speedups are over its own S-SGD runs
+# The study's own group: targets and speedups are over its own S-SGD runs;
+# GROUP=<an earlier run's group> adds seeds or rows to it.
+GROUP=${GROUP:-tta-$RUN_ID}
 COCOD_SWEEPS=(
   "cocod|strategy=cocod strategy.compression=null,bf16,int8 +strategy.tau_max=2,64"
 )

@@ -137,6 +137,44 @@ def test_the_gpt_study_recipe_runs_each_method_and_codec_once_per_condition(tmp_
     assert report[:3] == [str(tmp_path / "out" / "gpt"), "--group", "gpt-mini"]
 
 
+@pytest.mark.timeout(300)
+def test_the_long_rounds_recipe_runs_its_rows_on_slow_links_and_adds_seeds_to_a_group(tmp_path):
+    env = {"OUT_ROOT": str(tmp_path / "out"), "RUN_ID": "mini", "SEEDS": "0"}
+    jobs, report = recipe_jobs("long_rounds_study.sh", tmp_path, env, "max_epochs=1")
+    ran = []
+    for cfg in jobs:
+        s = cfg.strategy
+        outer = s.get("outer_optimizer")
+        outer = outer and (outer.lr, outer.momentum, outer.nesterov)
+        codec = s.get("compression") or s.get("comm_hook")
+        ran.append((method_of(s), s.get("tau"), s.get("overlap"), outer, codec, s.get("progress")))
+    nesterov = (0.7, 0.9, True)
+    assert ran == [
+        ("ssgd", None, None, None, None, None),
+        ("ssgd", None, None, None, "bf16", None),
+        ("local_sgd", 8, None, None, None, None),
+        ("diloco", 8, 0, nesterov, None, None),
+        ("diloco", 8, 1, nesterov, "int8", None),
+        ("cocod", "auto", None, None, None, 1.0),
+        ("cocod", 1, None, None, "int8", 2.0),
+    ]
+    # 4 workers behind 25 Mbit/s each, judged by the validation loss, one group.
+    assert {(c.launcher.rate, c.launcher.topology, c.launcher.devices, c.judged_by) for c in jobs} == {
+        ("25mbit", "pernode", 4, "loss")
+    }
+    assert {c.group for c in jobs} == {"long-mini"} and report[:3] == [
+        str(tmp_path / "out" / "gpt"),
+        "--group",
+        "long-mini",
+    ]
+    # A later pass joins the first one's group, so its report compares all the seeds.
+    jobs, report = recipe_jobs(
+        "long_rounds_study.sh", tmp_path, {**env, "RUN_ID": "more", "GROUP": "long-mini"}
+    )
+    assert {c.group for c in jobs} == {"long-mini"} and report[2] == "long-mini"
+    assert {c.run_id.split("-")[0] for c in jobs} == {"more"}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)

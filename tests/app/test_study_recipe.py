@@ -140,7 +140,7 @@ def _recipe(
 
 
 _RECIPE_VARIABLES = ("DRY_RUN", "HETERO", "SEEDS", "TAUS", "WORKERS", "NNODES", "NPROC", "MAX_RESTARTS")
-_RECIPE_VARIABLES += ("RATE", "SLOWDOWN", "RUN_ID", "OUT_ROOT", "HEAD")
+_RECIPE_VARIABLES += ("RATE", "SLOWDOWN", "RUN_ID", "GROUP", "OUT_ROOT", "HEAD")
 
 
 def test_the_recipes_run_their_commands_for_real_without_dry_run(tmp_path):
@@ -172,6 +172,7 @@ def test_the_recipes_run_their_commands_for_real_without_dry_run(tmp_path):
         *(("resnet18_cifar10.sh", "SLOWDOWN", v) for v in ("[0,1]", "1,2", "[1,*]")),
         ("resnet18_cifar10.sh", "HETERO", "true"),
         *(("smoke.sh", "RUN_ID", v) for v in ("a b", "x,y", "../up", "*")),
+        *(("long_rounds_study.sh", "GROUP", v) for v in ("a b", "x,y", "*")),
         *(("smoke.sh", "OUT_ROOT", v) for v in ("a,b", "-x", "a b", "out/*")),
         ("resnet18_cifar10.sh", "NNODES", "0"),
         ("resnet18_cifar10.sh", "NPROC", "two"),
