@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 WARMUP = 30  # the check's --warmup
+OUTER_TESTS = "test_cuda_outer"  # the module whose tests the summary counts apart
 
 
 def load(path: Path):
@@ -41,6 +42,14 @@ def tests_line(work: Path) -> str:
         f"- GPU tests: {passed} passed, {counts['failures']} failed, {counts['errors']} errors, "
         f"{counts['skipped']} skipped: {verdict}"
     ]
+    outer = [case for case in suite.iter("testcase") if OUTER_TESTS in (case.get("classname") or "")]
+    outer_passed = sum(all(case.find(k) is None for k in ("failure", "error", "skipped")) for case in outer)
+    # The outer round's CUDA tests, apart: its GPU path had no other check before them.
+    lines.append(
+        f"  - outer round on CUDA ({OUTER_TESTS}.py): {outer_passed} of {len(outer)} passed"
+        if outer
+        else f"  - outer round on CUDA ({OUTER_TESTS}.py): **not collected**"
+    )
     for case in suite.iter("testcase"):
         for kind in ("failure", "error", "skipped"):
             found = case.find(kind)

@@ -105,6 +105,8 @@ class OuterRound(SnapshotRound):
 
     def finish(self) -> Handle:
         handle = self._landed("finish")
+        # On a GPU the outer step and the merge are queued on the compute stream, which the wait
+        # ordered after the landing (an event with NCCL), as CoCoD's merge is: the host goes on.
         for theta, delta in zip(self.theta.buckets, self.average.buckets):
             theta.grad = delta
         self.optimizer.step()

@@ -232,7 +232,12 @@ class CoCoDRounds(Rounds):
         return self._control.tolist(), time.perf_counter() - waiting
 
     def _dropped_for_nonfinite(self, control: list[float]) -> bool:
-        """Raise if a snapshot held NaN/Inf; with on_nonfinite="skip" drop the round everywhere."""
+        """Raise if a snapshot held NaN/Inf; with on_nonfinite="skip" drop the round everywhere.
+
+        With the outer round no outer step is taken on any rank: theta and the outer optimizer's
+        state stay as the last healthy round left them, alike everywhere (only the inner
+        optimizers of the bad ranks restart), and the next round's Delta carries the healthy
+        workers' progress of both rounds."""
         assert self.round is not None
         where = f"in the snapshot of the round launched at step {self._launch_step}"
         if not self.raise_if_nonfinite(torch.tensor(control[_FLAGS:]), where):

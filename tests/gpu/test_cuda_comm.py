@@ -9,14 +9,11 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lightning_cocod.core import CoCoDRound
-from lightning_cocod.core.comm import TorchDistCommunicator
+from tests.gpu.conftest import DEVICE  # where the ``comm`` fixture's world-size-1 group runs
 
 pytestmark = pytest.mark.timeout(120)
-
-DEVICE = torch.device("cuda", 0)
 
 
 def cycles_for(seconds: float) -> int:
@@ -38,19 +35,6 @@ def figures_ready_soon(handle, within=1.0):
     while not handle.figures_ready() and time.perf_counter() < deadline:
         time.sleep(0.001)
     return handle.figures_ready()
-
-
-@pytest.fixture(params=["nccl", "gloo"])
-def comm(request):
-    torch.cuda.set_device(DEVICE)
-    options = {"device_id": DEVICE} if request.param == "nccl" else {}
-    dist.init_process_group(request.param, store=dist.HashStore(), rank=0, world_size=1, **options)
-    comm = TorchDistCommunicator.on_new_group(DEVICE, backend=request.param)
-    assert comm.lands_on_stream == (request.param == "nccl")
-    yield comm
-    torch.cuda.synchronize()
-    comm.destroy()
-    dist.destroy_process_group()
 
 
 def test_a_round_merges_exactly_with_sleeps_on_either_stream(comm):

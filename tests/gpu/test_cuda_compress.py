@@ -9,13 +9,14 @@ import torch.distributed as dist
 
 from lightning_cocod.core.comm import TorchDistCommunicator
 from lightning_cocod.core.compress import CompressedMean, make_codec
-from tests.gpu.test_cuda_comm import DEVICE, comm, cycles_for  # noqa: F401 - the fixture
+from tests.gpu.conftest import DEVICE
+from tests.gpu.test_cuda_comm import cycles_for
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize("codec", ["int8", "bf16"])
-def test_device_rounds_match_the_cpu_rounds(comm, codec):  # noqa: F811 - the fixture
+def test_device_rounds_match_the_cpu_rounds(comm, codec):
     torch.manual_seed(0)
     n = 3 * 2048 * 70 + 5  # several slices, and padding
     weights = torch.randn(n)

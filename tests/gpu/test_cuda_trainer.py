@@ -1,5 +1,5 @@
 """Two ranks through real Trainers, each method against the reference simulation of its rule in
-tests/helpers/toy.py (computed on the CPU): sharing one GPU (gloo on CUDA tensors), and with a GPU
+tests/helpers/toy.py and, for DiLoCo's outer round, tests/rounds/test_outer_round.py (computed on the CPU): sharing one GPU (gloo on CUDA tensors), and with a GPU
 each over NCCL where the machine has two."""
 
 from pathlib import Path
@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from lightning_cocod.launch import launch_workers
-from tests.gpu.toy_worker import STEPS
+from tests.gpu.toy_worker import OUTER_RUNS, STEPS
 from tests.helpers import toy
+from tests.rounds.test_outer_round import reference_outer
 
-pytestmark = pytest.mark.timeout(200)  # under the GPU check's cap on its test stage
+pytestmark = pytest.mark.timeout(240)  # under the GPU check's cap on its test stage
 
 WORLD = 2
 
@@ -23,6 +24,7 @@ def references():
         "local_sgd": toy.reference_local_sgd(WORLD, STEPS, 4),
         "pipe_sgd": toy.reference_pipe_sgd(WORLD, STEPS),
         "ssgd": toy.reference_ssgd(WORLD, STEPS),
+        **{name: reference_outer(WORLD, STEPS, tau, overlap) for name, (tau, overlap) in OUTER_RUNS.items()},
     }
 
 
@@ -31,7 +33,7 @@ def run_and_check(out_dir: Path, accelerator: str, layout: str = "shared") -> No
     test_worker_placement), or with ``layout="per-rank"`` one GPU each over NCCL."""
     script = str(Path(__file__).with_name("toy_worker.py"))
     results = launch_workers(
-        script, WORLD, None, [out_dir, accelerator, layout], timeout_s=180, output_dir=out_dir / "logs"
+        script, WORLD, None, [out_dir, accelerator, layout], timeout_s=220, output_dir=out_dir / "logs"
     )
     for result in results:
         if layout == "shared":
@@ -42,6 +44,8 @@ def run_and_check(out_dir: Path, accelerator: str, layout: str = "shared") -> No
         else:
             assert result["placement"]["backend"] == "nccl" and result["placement"]["ranks_per_device"] == 1
             assert set(result["devices"].values()) == {f"cuda:{result['rank']}"}
+        # The outer step's state stays on the device of its model (no host round trip).
+        assert result["outer_devices"] == {name: list(set(result["devices"].values())) for name in OUTER_RUNS}
     for name, (trajectory, final) in references().items():
         ranks = toy.read_ranks(out_dir / name, WORLD)
         for r, record in enumerate(ranks):

@@ -1,6 +1,6 @@
 """N simulated workers in one process, behind the core's Communicator interface.
 
-Each worker's ``start_mean`` records its weighted contribution; a handle's ``wait`` needs all N
+Each worker's ``start_mean`` records its weighted contribution (``broadcast``: the source's values); a handle's ``wait`` needs all N
 contributions to that collective (it raises otherwise, as a real deadlock would hang) and writes
 the weighted sum into the waiting worker's buckets.
 """
@@ -25,22 +25,29 @@ class FakeCluster:
 
 
 class FakeComm:
+    handle_class: type[FakeHandle]  # set below FakeHandle: what a collective's wait does
+
     def __init__(self, cluster: FakeCluster, rank: int) -> None:
         self.cluster = cluster
         self.rank = rank
         self.world_size = cluster.world_size
         self._issued = 0
 
-    def start_mean(self, buckets, weight=None):
-        share = 1.0 / self.world_size if weight is None else weight
+    def _issue(self, buckets, contribution):
         index = self._issued
         self._issued += 1
-        self.cluster.contributions.setdefault(index, {})[self.rank] = [b * share for b in buckets]
+        self.cluster.contributions.setdefault(index, {})[self.rank] = contribution
         self.cluster.log.append(("launch", self.rank, index))
-        return FakeHandle(self, index, list(buckets))
+        return self.handle_class(self, index, list(buckets))
+
+    def start_mean(self, buckets, weight=None):
+        share = 1.0 / self.world_size if weight is None else weight
+        return self._issue(buckets, [b * share for b in buckets])
 
     def broadcast(self, buckets, src):
-        raise NotImplementedError("the fake cluster simulates all-reduce only")
+        # A sum of src's values and zeros: weighting the others by 0 would keep their NaN.
+        mine = [b.clone() if self.rank == src else torch.zeros_like(b) for b in buckets]
+        self._issue(buckets, mine).wait()
 
     def destroy(self) -> None:
         pass
@@ -88,10 +95,11 @@ class BlockingHandle(FakeHandle):
         super().wait()
 
 
+FakeComm.handle_class = FakeHandle
+
+
 class BlockingComm(FakeComm):
-    def start_mean(self, buckets, weight=None):
-        handle = super().start_mean(buckets, weight)
-        return BlockingHandle(self, handle.index, handle.buckets)
+    handle_class = BlockingHandle
 
 
 class BlockingCluster(FakeCluster):

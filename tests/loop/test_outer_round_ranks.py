@@ -1,6 +1,6 @@
 """The outer round on real gloo ranks, in every front-end: the loop API on 2 and 4 ranks, Fabric and
-the Trainer on 2, against the rule in plain tensors (``tests.rounds.test_outer_round``), and the
-loop's state_dict resuming mid-round with theta and the outer momentum."""
+the Trainer on 2, against the rule in plain tensors (``tests.rounds.test_outer_round``), the
+loop's state_dict resuming mid-round with theta and the outer momentum, and on_nonfinite="skip"."""
 
 import functools
 import json
@@ -134,3 +134,42 @@ def test_ranks_given_different_outer_optimizers_are_refused_before_any_round(tmp
             "on rank 0, 'torch.optim.sgd.SGD(lr=0.5, momentum=0.9)' on rank 1; every rank must be given the same options"
         )
     )
+
+
+def train_poisoned(rank, overlap, poison_after):
+    """``train``'s loop with on_nonfinite="skip" and NaN put into rank 1's weights after step
+    ``poison_after``: the final weights, the rounds skipped, theta and the outer momentum."""
+    torch.set_num_threads(1)
+    model = toy.initial_model()
+    optimizer = sgd(model)
+    loop = CoCoD(model, optimizer, tau=TAU, overlap=overlap, outer_optimizer=NESTEROV, on_nonfinite="skip")
+    with loop:
+        for x, y in batches(rank, STEPS):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if rank == 1 and loop.steps == poison_after:
+                with torch.no_grad():
+                    model.weight[0, 0] = float("nan")
+    outer = loop.rounds.round  # after the exit's synchronisation point, which may finish a round
+    theta = torch.cat(list(outer.theta.buckets))
+    momentum = torch.cat([outer.optimizer.state[b]["momentum_buffer"] for b in outer.theta.buckets])
+    return toy.flat(model), loop.rounds.skipped, theta.tolist(), momentum.tolist()
+
+
+@pytest.mark.parametrize(("overlap", "seen_at"), [(0, 8), (1, 8), (TAU, 10)])
+def test_skip_with_the_outer_round_on_gloo_follows_the_rule(tmp_path, overlap, seen_at):
+    # Over a real group the restart is a broadcast; at overlap TAU the round ending at 8 merges
+    # the NaN into rank 1 alone and the fit's synchronisation point drops the next one.
+    ranks = results(run_ranks(train_poisoned, tmp_path, overlap, 5))
+    outer = {}
+    _, final = reference_outer(2, STEPS, TAU, overlap, poison=(1, 5), outer=outer)
+    assert outer["skipped"] == [(seen_at, [1])]
+    for rank, (weights, skipped, theta, momentum) in enumerate(ranks):
+        torch.testing.assert_close(torch.tensor(weights), torch.tensor(final[rank]), rtol=0, atol=1e-9)
+        assert skipped == [(seen_at, [1])]
+        want = torch.cat([t.reshape(-1) for t in outer["theta"]])
+        torch.testing.assert_close(torch.tensor(theta, dtype=torch.float64), want, rtol=0, atol=1e-9)
+        want = torch.cat([b.reshape(-1) for b in outer["buffer"]])
+        torch.testing.assert_close(torch.tensor(momentum, dtype=torch.float64), want, rtol=0, atol=1e-9)
+    assert ranks[0][2:] == ranks[1][2:] and ranks[0][0] == ranks[1][0]  # bit for bit

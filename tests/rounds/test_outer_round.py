@@ -19,7 +19,8 @@ NESTEROV = functools.partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM, nesterov
 PLAIN_SGD = functools.partial(torch.optim.SGD, lr=1.0)
 
 
-def _drive(rounds, workers, rank, first, last):
+def _drive(rounds, workers, rank, first, last, poison=None):
+    """``poison``: (rank, step): NaN in that rank's ``weight[0, 0]`` once that step's round work is done."""
     model, optimizer = workers.models[rank], workers.opts[rank]
     x, y = workers.data[rank]
     trajectory = []
@@ -31,15 +32,18 @@ def _drive(rounds, workers, rank, first, last):
         optimizer.step()
         rounds.steps += 1
         rounds.run(rounds.end_step)
+        if poison == (rank, rounds.steps):
+            with torch.no_grad():
+                model.weight[0, 0] = float("nan")
         trajectory.append(toy.flat(model))
     return trajectory
 
 
-def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, weights=None):
+def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, weights=None, poison=None):
     """Every worker's weights after each step and after the final synchronisation point.
     ``checkpoint_at``: a synchronisation point there, whose states (rounds, model, optimizer per
     rank) are returned too; ``resume``: such states, the run starting from them at their step;
-    ``weights``: each rank's share of every average."""
+    ``weights``: each rank's share of every average; ``poison``: see ``_drive``."""
     workers = toy._Workers(world, steps)
     model_group, control_group = BlockingCluster(world), BlockingCluster(world)
     trajectories = [[] for _ in range(world)]
@@ -63,7 +67,7 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
             rounds.load_state(resume[rank]["rounds"])
             first = rounds.steps
         if checkpoint_at is not None:
-            trajectories[rank] += _drive(rounds, workers, rank, first, checkpoint_at)
+            trajectories[rank] += _drive(rounds, workers, rank, first, checkpoint_at, poison)
             rounds.run(rounds.sync)
             saved[rank] = {
                 "rounds": rounds.state(),
@@ -71,7 +75,7 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
                 "optimizer": copy.deepcopy(optimizer.state_dict()),  # its own dict holds live buffers
             }
             first = checkpoint_at
-        trajectories[rank] += _drive(rounds, workers, rank, first, steps)
+        trajectories[rank] += _drive(rounds, workers, rank, first, steps, poison)
         rounds.run(rounds.sync)
         trajectories[rank].append(toy.flat(model))
 
@@ -80,18 +84,33 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
     return per_step[:-1], per_step[-1], saved
 
 
-def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weights=None):
+def reference_outer(
+    world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weights=None, poison=None, outer=None
+):
     """The rule with a Nesterov outer step written out (torch's SGD convention: the first buffer
     is the gradient itself); a fit ending inside a round merges it, then every rank averages.
-    ``weights``: each rank's share of the mean Delta and of the final average."""
+    ``weights``: each rank's share of the mean Delta and of the final average. ``poison``: as
+    ``train``'s, with on_nonfinite="skip": a round whose snapshots hold NaN takes no outer step
+    (theta and the momentum stay), and its bad ranks restart from the lowest healthy rank's model
+    with a fresh optimizer. ``outer``: a dict that receives the final theta and momentum buffer,
+    the (step, bad ranks) skipped, and (step, flat theta) after every outer step."""
     w = toy._Workers(world, steps)
     share = weights or [1 / world] * world
     theta = [p.detach().clone() for p in w.params(0)]
-    buffer, snaps, start, trajectory = None, None, 0, []
+    buffer, snaps, start, trajectory, skipped, history = None, None, 0, [], [], []
 
     @torch.no_grad()
-    def merge():
+    def merge(step):
         nonlocal buffer
+        bad = [r for r in range(world) if not all(torch.isfinite(t).all() for t in snaps[r])]
+        if bad:
+            healthy = min(set(range(world)) - set(bad))
+            for r in bad:
+                for p, good in zip(w.params(r), w.params(healthy)):
+                    p.copy_(good)
+                w.opts[r].state.clear()
+            skipped.append((step, bad))
+            return
         delta = [sum(share[r] * (theta[k] - snaps[r][k]) for r in range(world)) for k in range(len(theta))]
         buffer = delta if buffer is None else [momentum * b + g for b, g in zip(buffer, delta)]
         for k in range(len(theta)):
@@ -99,6 +118,7 @@ def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weight
             for r in range(world):
                 p = w.params(r)[k]
                 p.copy_(theta[k] + (p - snaps[r][k]))
+        history.append((step, torch.cat([t.reshape(-1) for t in theta])))
 
     for step in range(steps):
         if overlap > 0 and snaps is None and step - start == tau - overlap:
@@ -109,16 +129,21 @@ def reference_outer(world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weight
         if step + 1 - start == tau:
             if overlap == 0:
                 snaps = w.snapshot()
-            merge()
+            merge(step + 1)
             snaps, start = None, step + 1
+        if poison is not None and poison[1] == step + 1:
+            with torch.no_grad():
+                w.models[poison[0]].weight[0, 0] = float("nan")
         trajectory.append(w.state())
     if snaps is not None:
-        merge()
+        merge(steps)
     with torch.no_grad():
         for k in range(len(theta)):
             mean = sum(share[r] * w.params(r)[k] for r in range(world))
             for r in range(world):
                 w.params(r)[k].copy_(mean)
+    if outer is not None:
+        outer.update(theta=theta, buffer=buffer, skipped=skipped, history=history)
     return trajectory, w.state()
 
 

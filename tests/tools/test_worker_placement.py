@@ -89,7 +89,7 @@ def test_ranks_as_nodes_of_one_device_make_a_two_rank_cocod_run(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_every_method_follows_its_rule_with_both_ranks_on_one_device(tmp_path):
     # The layout of tests/gpu/test_cuda_trainer.py (2 ranks sharing one GPU), on the CPU.
     from tests.gpu.test_cuda_trainer import run_and_check
