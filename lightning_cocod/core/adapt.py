@@ -91,7 +91,9 @@ class AdaptivePeriod:
         tau_min, tau_max: bounds on the period.
         initial: the period of the first round, before anything is measured.
         margin: tau * t_step must exceed margin * t_comm (1.2 leaves 20% slack for jitter).
-        overhead: the share of a round's step time its own work may take (0.01: 1%).
+        overhead: the share of a round's step time its own work may take (0.01: 1%); None drops
+            the second condition, for a choice that leaves what a round costs unchanged (its
+            overlap: the period, and so how often the round is paid, is fixed).
         smoothing: weight of the newest measurement in the moving average.
         patience: rounds in a row asking for a shorter period before it shrinks.
     """
@@ -102,7 +104,7 @@ class AdaptivePeriod:
         tau_max: int = 64,
         initial: int = 4,
         margin: float = 1.2,
-        overhead: float = 0.01,
+        overhead: float | None = 0.01,
         smoothing: float = 0.5,
         patience: int = 2,
     ) -> None:
@@ -117,9 +119,10 @@ class AdaptivePeriod:
             "a number >= 1 (a period that only just hides communication)",
             at_least=1.0,
         )
-        accepted = "a share of the step time in (0, 1)"
-        number(owner, "overhead", overhead, accepted, above=0.0)
-        require(overhead < 1.0, owner, "overhead", overhead, accepted)
+        if overhead is not None:
+            accepted = "None or a share of the step time in (0, 1)"
+            number(owner, "overhead", overhead, accepted, above=0.0)
+            require(overhead < 1.0, owner, "overhead", overhead, accepted)
         number(owner, "smoothing", smoothing, "a number in (0, 1]", above=0.0, at_most=1.0)
         positive_int(owner, "patience", patience, "a positive integer (rounds)")
         self.tau_min, self.tau_max, self.margin, self.overhead = tau_min, tau_max, margin, overhead
@@ -151,7 +154,7 @@ class AdaptivePeriod:
         # preempted first round cannot set the period either.
         amortise = (
             math.ceil(self.round_seconds / (self.overhead * self.step_seconds) - 1e-9)
-            if self.round_samples >= 2
+            if self.round_samples >= 2 and self.overhead is not None
             else 1
         )
         return min(max(hide, amortise, self.tau_min), self.tau_max)

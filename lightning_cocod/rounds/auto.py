@@ -25,9 +25,11 @@ MEASURED = ("comm_seconds", "step_seconds", "round_seconds", "round_samples", "s
 
 
 class AutoPeriod:
-    """The period of CoCoD-SGD's next round, from figures every rank agrees on."""
+    """The period of CoCoD-SGD's next round, from figures every rank agrees on. ``rule``: more of
+    ``AdaptivePeriod``'s arguments (the outer round's ``overlap="auto"`` chooses its overlap with
+    this, within [1, tau], from where it starts and by hiding alone)."""
 
-    def __init__(self, owner: str, tau_min: Any, tau_max: Any, progress: float) -> None:
+    def __init__(self, owner: str, tau_min: Any, tau_max: Any, progress: float, **rule: Any) -> None:
         self.owner = owner
         tau_min = 1 if tau_min is None else positive_int(owner, "tau_min", tau_min)
         if tau_max is None:  # the safe bound, or the shortest period asked for if that is longer
@@ -35,7 +37,7 @@ class AutoPeriod:
         tau_max = positive_int(owner, "tau_max", tau_max)
         if tau_min > tau_max:
             raise invalid(owner, "tau_min", tau_min, f"a period no longer than tau_max={tau_max}")
-        self.period = AdaptivePeriod(tau_min, tau_max)
+        self.period = AdaptivePeriod(tau_min, tau_max, **rule)
         self.start()
 
     @property

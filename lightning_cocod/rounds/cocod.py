@@ -6,8 +6,9 @@ The generalized round is scheduled here too: with ``overlap`` d the snapshot is 
 kH - d rather than at the round's start, and with an ``outer_optimizer`` the merge is
 ``core.outer.OuterRound``'s (theta and its outer step). ``overlap=None`` and
 ``outer_optimizer=None`` leave the paper's round exactly as it was: the launch condition below is
-then true at every step with no round pending, as it always was. ``DiLoCoRounds`` is the same
-round with DiLoCo's defaults."""
+then true at every step with no round pending, as it always was. ``overlap="auto"`` re-chooses d
+every round with ``auto.AutoPeriod``'s rule, from the figures sent with the round's control
+message as ``tau="auto"``'s are. ``DiLoCoRounds`` is the same round with DiLoCo's defaults."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ log = logging.getLogger(__name__)
 _FLAGS = FIGURES + 1
 TAU = 'a positive integer (optimizer steps per round) or "auto"'
 PERIOD_ONLY = "a positive integer (optimizer steps per round)"
+# The period tau="auto" runs the outer round at (an outer_optimizer given): the period the
+# package's accuracy study runs the outer round at (docs/methods.md, "The outer round"). An outer
+# round's accuracy turns on its period, which a link's timing should not move; what is measured
+# then is the overlap that hides the round within it.
+OUTER_TAU = 8
+AUTO = "auto"
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value == AUTO
 
 
 class CoCoDRounds(Rounds):
@@ -47,29 +58,32 @@ class CoCoDRounds(Rounds):
         tau_min: int | None = None,
         tau_max: int | None = None,
         progress: float = DEFAULT_PROGRESS,
-        overlap: int | None = None,
+        overlap: int | str | None = None,
         outer_optimizer: OuterFactory | None = None,
         **common: Any,
     ) -> None:
         self.progress = check_progress(owner, progress)
-        self.auto: AutoPeriod | None = None
-        if tau == "auto" and isinstance(tau, str):
-            if overlap is not None or outer_optimizer is not None:
-                # AutoPeriod measures the paper's round, whose overlap is the whole period.
-                raise ValueError(
-                    f"{owner}: tau='auto' chooses the period of the paper's round only (overlap=None, "
-                    "outer_optimizer=None); with overlap or outer_optimizer give tau a number"
-                )
-            self.auto = AutoPeriod(owner, tau_min, tau_max, self.progress)
-            self.tau = self.auto.tau
+        self.auto: AutoPeriod | None = None  # tau="auto": the period's controller
+        self.auto_overlap: AutoPeriod | None = None  # overlap="auto": the overlap's
+        self._tau_auto = _is_auto(tau)
+        if self._tau_auto:
+            overlap = self._auto_period(owner, tau_min, tau_max, overlap, outer_optimizer)
         else:
             self.tau = check_period(owner, tau, TAU)
             if tau_min is not None or tau_max is not None:
                 raise ValueError(
                     f"{owner}: tau_min/tau_max bound tau='auto' only; with tau={tau} leave them unset"
                 )
-        if overlap is not None and not (is_int(overlap) and 0 <= overlap <= self.tau):
-            accepted = f"None (the whole period, the paper's round) or an integer from 0 to tau={self.tau}"
+        if _is_auto(overlap):
+            # The fewest steps that hide the round is the period rule's answer within [1, tau]. By
+            # hiding alone (overhead=None): the round costs the same whatever its overlap. From
+            # the whole period: before anything is measured the round hides all it can.
+            self.auto_overlap = AutoPeriod(owner, 1, self.tau, self.progress, initial=self.tau, overhead=None)
+        elif overlap is not None and not (is_int(overlap) and 0 <= overlap <= self.tau):
+            accepted = (
+                "None (the whole period, the paper's round), 'auto' (the fewest steps that hide the round "
+                f"as measured) or an integer from 0 to tau={self.tau}"
+            )
             raise invalid(owner, "overlap", overlap, accepted)
         self.overlap = overlap
         self.outer_optimizer = check_outer(owner, outer_optimizer)
@@ -91,16 +105,55 @@ class CoCoDRounds(Rounds):
         self._snapshot_check: FiniteCheck | None = None
         self.tau_history: list[tuple[int, int]] = []  # (step, tau) at the start and at every change
 
+    def _auto_period(
+        self, owner: str, tau_min: Any, tau_max: Any, overlap: Any, outer: OuterFactory | None
+    ) -> Any:
+        """tau="auto": the paper's round gets its period chosen; the outer round runs at
+        ``OUTER_TAU`` with its overlap chosen instead. Returns the overlap option in force."""
+        if outer is None:
+            if overlap is not None:
+                # AutoPeriod measures the paper's round, whose overlap is the whole period.
+                accepted = (
+                    "None with tau='auto' and no outer_optimizer (the paper's round, which overlaps "
+                    "the whole period chosen); give tau a number to fix or choose the overlap"
+                )
+                raise invalid(owner, "overlap", overlap, accepted)
+            self.auto = AutoPeriod(owner, tau_min, tau_max, self.progress)
+            self.tau = self.auto.tau
+            return None
+        for name, bound in (("tau_min", tau_min), ("tau_max", tau_max)):
+            if bound is not None:
+                accepted = (
+                    f"None with an outer_optimizer (tau='auto' then runs the outer round at "
+                    f"tau={OUTER_TAU} and chooses its overlap)"
+                )
+                raise invalid(owner, name, bound, accepted)
+        if overlap is not None and not _is_auto(overlap):
+            accepted = (
+                f"None or 'auto' with tau='auto' and an outer_optimizer (the period is then {OUTER_TAU} "
+                "and the overlap chosen); give tau a number for a fixed overlap"
+            )
+            raise invalid(owner, "overlap", overlap, accepted)
+        self.tau = OUTER_TAU
+        return AUTO
+
     @property
     def overlap_in_force(self) -> int:
         """d: the steps a round's all-reduce runs alongside (None means the whole period)."""
+        if self.auto_overlap is not None:
+            return self.auto_overlap.tau
         return self.tau if self.overlap is None else min(self.overlap, self.tau)
+
+    @property
+    def _chooser(self) -> AutoPeriod | None:
+        """What the round's figures are sent for and read back by (at most one is set)."""
+        return self.auto if self.auto is not None else self.auto_overlap
 
     def results(self) -> dict[str, Any]:
         return {**super().results(), "tau": self.tau, "tau_history": self.tau_history}
 
     def options(self) -> dict[str, Any]:
-        tau: Any = "auto" if self.auto else self.tau
+        tau: Any = AUTO if self._tau_auto else self.tau
         options = {"tau": tau, "progress": self.progress}
         if self.overlap is not None:
             options["overlap"] = self.overlap
@@ -112,6 +165,8 @@ class CoCoDRounds(Rounds):
         agreed = super().agreed()
         if self.auto is not None:  # each rank would bound the agreed period by its own limits
             agreed |= {"tau_min": self.auto.period.tau_min, "tau_max": self.auto.period.tau_max}
+        if self.auto_overlap is not None:  # the period it is bounded by, and where it resumes
+            agreed |= {"tau": self.tau, "overlap_in_force": self.overlap_in_force}
         return agreed
 
     def build(self) -> None:
@@ -125,8 +180,8 @@ class CoCoDRounds(Rounds):
             )
         self._round_start = 0
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)
-        if self.auto is not None:
-            self.auto.start()
+        if self._chooser is not None:
+            self._chooser.start()
         self.tau_history = [(0, self.tau)]
 
     def retarget(self) -> None:
@@ -193,7 +248,8 @@ class CoCoDRounds(Rounds):
         sent already, but no rank merges a round whose flags are raised."""
         started = time.perf_counter()
         assert self._control is not None and self._snapshot_check is not None
-        figures = self.auto.figures_to_send() if self.auto is not None else (0.0,) * _FLAGS
+        chooser = self._chooser
+        figures = chooser.figures_to_send() if chooser is not None else (0.0,) * _FLAGS
         self._control[:_FLAGS] = torch.tensor(figures, dtype=torch.float64)
         self._control[_FLAGS:] = self.health_flags(self._snapshot_check.result(), device=self._control.device)
         assert self.control is not None
@@ -220,7 +276,7 @@ class CoCoDRounds(Rounds):
             return
         handle = self._merge(averaging_next)
         self.record(handle, self._launch_step, self.round.nbytes, also_waited=waited)
-        if self.auto is not None:
+        if self._chooser is not None:
             self._consult_auto(control, handle, steps, compute)
 
     def _wait_control(self) -> tuple[list[float], float]:
@@ -260,8 +316,18 @@ class CoCoDRounds(Rounds):
         return handle
 
     def _consult_auto(self, received: list[float], handle: Handle, steps: int, compute: float) -> None:
-        """The period of the next round, from the figures ``received`` with this one; rank 0 says
-        once if ``tau_max`` keeps rounds exposed (every rank has the same figures)."""
+        """The period (or the overlap) of the next round, from the figures ``received`` with this
+        one; rank 0 says once if ``tau_max`` keeps rounds exposed (every rank has the same figures)."""
+        if self.auto_overlap is not None:
+            old = self.overlap_in_force
+            new = self.auto_overlap.after_round(received, handle, steps, compute, self._round_cost)
+            if new != old and self.rank == 0:
+                comm, step, _ = self.auto_overlap.last
+                log.info(
+                    f"overlap {old} -> {new} of tau={self.tau} at step {self.steps} "
+                    f"(communication {comm:.3f} s per round, {step:.3f} s per step)"
+                )
+            return
         assert self.auto is not None
         self._set_tau(self.auto.after_round(received, handle, steps, compute, self._round_cost))
         if self.rank == 0:
@@ -284,8 +350,8 @@ class CoCoDRounds(Rounds):
         if self.round is not None:
             self.round.handle = None
         self._control_handle = None
-        if self.auto is not None:
-            self.auto.abandon()
+        if self._chooser is not None:
+            self._chooser.abandon()
 
     # -- what a checkpoint keeps ---------------------------------------------------------------------
 
@@ -298,6 +364,8 @@ class CoCoDRounds(Rounds):
         }
         if isinstance(self.round, OuterRound):  # theta and the outer optimizer's state
             state["outer"] = self.round.state_dict()
+        if self.auto_overlap is not None:
+            state |= {"overlap": self.overlap_in_force, "auto_overlap": self.auto_overlap.state()}
         return state | self.auto.state() if self.auto is not None else state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -324,12 +392,30 @@ class CoCoDRounds(Rounds):
         self._round_start = start
         if isinstance(self.round, OuterRound) and "outer" in state:
             self.round.load_state_dict(state["outer"], self.owner)
+        if self.auto_overlap is not None and "auto_overlap" in state:
+            self._load_auto_overlap(state)
         if self.auto is None or "adaptive" not in state:  # a fixed tau is the caller's choice
             return
         self.tau = self.auto.load_state(state, tau)
         self.tau_history = [tuple(e) for e in history]
         if self.tau != tau:  # the saved period lies outside this fit's bounds
             self.tau_history.append((self.steps, self.tau))
+
+    def _load_auto_overlap(self, state: dict[str, Any]) -> None:
+        """The overlap in force and what it was chosen from; a saved overlap longer than this fit's
+        period is cut to it."""
+        assert self.auto_overlap is not None
+        overlap, saved = state.get("overlap"), state["auto_overlap"]
+        if not (is_int(overlap) and overlap >= 1):
+            raise invalid(self.owner, "the state's overlap", overlap, "a positive integer (steps)")
+        if not (isinstance(saved, dict) and "adaptive" in saved):
+            raise invalid(
+                self.owner,
+                "the state's auto_overlap",
+                type(saved).__name__,
+                "the dict of figures state() saved",
+            )
+        self.auto_overlap.load_state(saved, overlap)
 
 
 class DiLoCoRounds(CoCoDRounds):
@@ -340,7 +426,7 @@ class DiLoCoRounds(CoCoDRounds):
         self,
         owner: str,
         tau: int = 8,
-        overlap: int | None = 0,
+        overlap: int | str | None = 0,
         outer_optimizer: OuterFactory | None = DILOCO_OUTER,
         **common: Any,
     ) -> None:

@@ -25,7 +25,8 @@ class CoCoDMethod(SyncStrategyBase):
     Args:
         tau: a number of optimizer steps per round, or ``"auto"`` (the default,
             ``rounds.auto.AutoPeriod``): the shortest period that hides the round's communication
-            as measured, within ``[tau_min, tau_max]``.
+            as measured, within ``[tau_min, tau_max]``; with an ``outer_optimizer`` the period
+            ``rounds.cocod.OUTER_TAU`` with ``overlap="auto"``.
         tau_min: the shortest period ``tau="auto"`` may choose (default 1).
         tau_max: the longest period ``tau="auto"`` may choose (default ``core.adapt.SAFE_TAU_MAX``,
             the longest that kept S-SGD's accuracy; docs/methods.md says why).
@@ -33,7 +34,8 @@ class CoCoDMethod(SyncStrategyBase):
             merge; 1 (the default) is the paper's rule (``core.averaging`` explains it).
         overlap: d, the steps of a round its all-reduce runs alongside: the snapshot is taken
             after step kH - d, the merge made after step kH (0 <= d <= tau). None (the default)
-            is the whole period, the paper's round.
+            is the whole period, the paper's round; ``"auto"`` re-chooses d every round as the
+            fewest steps that hide the round as measured (``tau="auto"``'s rule, within [1, tau]).
         outer_optimizer: a factory ``params -> torch.optim.Optimizer`` (e.g.
             ``functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``; in Hydra
             a ``_partial_: true`` config): the outer model theta is stepped with the mean of
@@ -62,7 +64,7 @@ class CoCoDMethod(SyncStrategyBase):
         progress: float = DEFAULT_PROGRESS,
         compression: str | None = None,
         error_feedback: bool = True,
-        overlap: int | None = None,
+        overlap: int | str | None = None,
         outer_optimizer: OuterFactory | None = None,
         **kwargs: Any,
     ) -> None:

@@ -25,7 +25,8 @@ class DiLoCoMethod(SyncStrategyBase):
     Args:
         tau: optimizer steps per round (default 8, the short end of the periods later DiLoCo
             work uses; tune it with the outer and inner learning rates).
-        overlap: the steps the round's all-reduce runs alongside, 0 to ``tau`` (default 0).
+        overlap: the steps the round's all-reduce runs alongside, 0 to ``tau`` (default 0), or
+            ``"auto"``: re-chosen every round as the fewest that hide the round as measured.
         outer_optimizer: a factory ``params -> torch.optim.Optimizer`` (default
             ``functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``), or None
             for the plain mean of the snapshots.
@@ -39,7 +40,7 @@ class DiLoCoMethod(SyncStrategyBase):
     def __init__(
         self,
         tau: int = 8,
-        overlap: int | None = 0,
+        overlap: int | str | None = 0,
         outer_optimizer: OuterFactory | None = DILOCO_OUTER,
         compression: str | None = None,
         error_feedback: bool = True,

@@ -104,6 +104,13 @@ def test_every_target_instantiates(tmp_path):
         assert instantiate(cfg.logger, save_dir=str(tmp_path)) is not None
 
 
+def test_the_overlap_is_chosen_from_the_command_line():
+    (cfg,) = compose_all(["strategy=diloco", "strategy.overlap=auto"])
+    check(cfg)
+    strategy = instantiate(cfg.strategy)
+    assert strategy.overlap == "auto" and strategy.rounds.overlap_in_force == strategy.tau == 8
+
+
 @pytest.mark.parametrize("experiment", options("experiment"))
 @pytest.mark.parametrize("launcher", ["cpu", "gpu", "torchrun", "slurm"])
 def test_every_experiment_composes_with_every_launcher(experiment, launcher):

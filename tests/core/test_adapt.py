@@ -55,6 +55,14 @@ def test_adaptive_period_amortises_the_rounds_own_cost():
     assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.0) == 1
 
 
+def test_without_an_overhead_only_hiding_counts():
+    # What overlap="auto" chooses: the round costs the same whatever its overlap.
+    period = AdaptivePeriod(tau_max=8, initial=8, margin=1.2, overhead=None, smoothing=1.0, patience=1)
+    for _ in range(3):  # a 10 ms round over 0.1 s steps would ask for 5 steps at 2%
+        assert period.update(comm_seconds=0.05, step_seconds=0.1, round_seconds=0.01) == 1
+    assert period.update(comm_seconds=1.0, step_seconds=0.1, round_seconds=0.01) == 8  # ceil(12), clamped
+
+
 def test_one_slow_round_does_not_raise_the_rounds_own_cost():
     period = AdaptivePeriod(margin=1.2, overhead=0.01, smoothing=1.0, patience=1)
     assert period.update(comm_seconds=0.01, step_seconds=0.1, round_seconds=0.002) == 1
@@ -89,7 +97,7 @@ def test_adaptive_period_smooths():
 def test_bad_heterogeneous_input_is_named():
     with pytest.raises(
         ValueError,
-        match=r"AdaptivePeriod: overhead=2 is invalid; accepted: a share of the step time in \(0, 1\)",
+        match=r"AdaptivePeriod: overhead=2 is invalid; accepted: None or a share of the step time in \(0, 1\)",
     ):
         AdaptivePeriod(overhead=2)
     with pytest.raises(

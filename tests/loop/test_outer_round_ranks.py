@@ -173,3 +173,40 @@ def test_skip_with_the_outer_round_on_gloo_follows_the_rule(tmp_path, overlap, s
         want = torch.cat([b.reshape(-1) for b in outer["buffer"]])
         torch.testing.assert_close(torch.tensor(momentum, dtype=torch.float64), want, rtol=0, atol=1e-9)
     assert ranks[0][2:] == ranks[1][2:] and ranks[0][0] == ranks[1][0]  # bit for bit
+
+
+def _on_a_known_link(rank, comm, steps):
+    """``DiLoCo(tau=TAU, overlap="auto")`` where a step takes 0.1 s and this rank's model all-reduce
+    ``comm[rank]`` s (both faked in this forked rank's modules); the overlap it ended at, the rounds
+    and the final weights."""
+    import types
+
+    from lightning_cocod.core import comm as core_comm
+    from lightning_cocod.rounds import cocod as cocod_rounds
+
+    torch.set_num_threads(1)
+    model = toy.initial_model()
+    optimizer = sgd(model)
+    loop = DiLoCo(model, optimizer, tau=TAU, overlap="auto")
+    cocod_rounds.time = types.SimpleNamespace(perf_counter=lambda: loop.rounds.steps * 0.1)
+    core_comm._CpuHandle.comm_seconds = property(lambda handle: comm[rank])  # the control's too: unread
+    with loop:
+        for x, y in batches(rank, steps):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return (
+        loop.rounds.overlap_in_force,
+        [(r.launch_step, r.finish_step) for r in loop.stats.rounds],
+        toy.flat(model),
+    )
+
+
+def test_the_loop_chooses_the_overlap_from_the_figures_the_ranks_exchange(tmp_path):
+    # Alone rank 0 would hide its 0.05 s in 1 step and rank 1 its 0.25 s in 3: the mean round,
+    # 0.15 s, takes ceil(1.2 x 0.15 / 0.1) = 2, once two timed rounds have asked for it.
+    ranks = results(run_ranks(_on_a_known_link, tmp_path, [0.05, 0.25], 6 * TAU))
+    assert [r[0] for r in ranks] == [2, 2]
+    assert ranks[0][1] == ranks[1][1] and ranks[0][1][0] == (0, TAU)
+    assert ranks[0][1][-2:] == [(5 * TAU - 2, 5 * TAU), (6 * TAU - 2, 6 * TAU)]
+    assert ranks[0][2] == ranks[1][2]

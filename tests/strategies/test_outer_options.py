@@ -9,7 +9,8 @@ import torch
 
 from tests.helpers import toy
 
-BAD_OVERLAP = [-1, 5, 1.0, True, "1"]  # tau=4: below 0, above tau, a float, a bool, a string
+# tau=4: below 0, above tau, floats, a bool, strings that are not "auto"
+BAD_OVERLAP = [-1, 5, 1.0, 2.5, True, "1", "sometimes", "AUTO"]
 NOT_AN_OPTIMIZER = [3, "torch.optim.SGD", lambda params: 3, lambda params: torch.zeros(1)]
 
 
@@ -49,8 +50,15 @@ def test_a_bad_overlap_is_refused_in_one_line(name, overlap):
     message = _refusal(_front_ends()[name], overlap=overlap)
     assert message == (
         f"{name.strip()}: overlap={overlap!r} is invalid; accepted: None (the whole period, the paper's "
-        "round) or an integer from 0 to tau=4"
+        "round), 'auto' (the fewest steps that hide the round as measured) or an integer from 0 to tau=4"
     )
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+def test_every_front_end_takes_an_automatic_overlap(name):
+    strategy = _front_ends()[name](tau=4, overlap="auto")
+    rounds = strategy.rounds if hasattr(strategy, "rounds") else strategy._rounds
+    assert rounds.options()["overlap"] == "auto" and rounds.overlap_in_force == 4  # hides all, to start
 
 
 @pytest.mark.parametrize("name", FRONT_ENDS)
@@ -79,11 +87,27 @@ def test_what_does_not_combine_is_refused_in_one_line():
     import lightning_cocod
 
     nesterov = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
-    for options in ({"overlap": 1}, {"outer_optimizer": nesterov}):
+    for overlap in (1, "auto"):  # the paper's round overlaps the whole period tau="auto" chooses
         with pytest.raises(
-            ValueError, match=r"^CoCoDStrategy: tau='auto' chooses the period of the paper's round only"
+            ValueError,
+            match=rf"^CoCoDStrategy: overlap={overlap!r} is invalid; accepted: None with tau='auto' and no "
+            r"outer_optimizer \(the paper's round, which overlaps the whole period chosen\); give tau a number",
         ):
-            lightning_cocod.CoCoDStrategy(tau="auto", **options)
+            lightning_cocod.CoCoDStrategy(tau="auto", overlap=overlap)
+    # With an outer optimizer tau="auto" is the fixed period OUTER_TAU and the overlap is chosen.
+    with pytest.raises(
+        ValueError,
+        match=r"^CoCoDStrategy: overlap=1 is invalid; accepted: None or 'auto' with tau='auto' and an "
+        r"outer_optimizer \(the period is then 8 and the overlap chosen\); give tau a number for a fixed overlap$",
+    ):
+        lightning_cocod.CoCoDStrategy(tau="auto", overlap=1, outer_optimizer=nesterov)
+    for bound in ("tau_min", "tau_max"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^CoCoDStrategy: {bound}=4 is invalid; accepted: None with an outer_optimizer "
+            r"\(tau='auto' then runs the outer round at tau=8 and chooses its overlap\)$",
+        ):
+            lightning_cocod.CoCoDStrategy(tau="auto", outer_optimizer=nesterov, **{bound: 4})
     with pytest.raises(
         ValueError, match=r"^DiLoCoStrategy: tau='auto' is invalid; accepted: a positive integer"
     ):
@@ -105,6 +129,8 @@ def test_the_options_print_as_given_and_every_name_is_registered():
     strategy = lightning_cocod.CoCoDStrategy(tau=4, overlap=1, outer_optimizer=outer)
     assert strategy.rounds.options()["outer_optimizer"] == "torch.optim.sgd.SGD(lr=1.0)"
     assert strategy.overlap == 1
+    auto = lightning_cocod.CoCoDStrategy(outer_optimizer=outer)  # tau="auto", the default
+    assert auto.tau == 8 and auto.overlap == "auto" and auto.rounds.options()["tau"] == "auto"
     assert lightning_cocod.CoCoDStrategy(tau=4).rounds.options() == {
         "tau": 4,
         "progress": 1.0,
