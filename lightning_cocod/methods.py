@@ -23,9 +23,11 @@ class Method:
         """The class name in ``lightning_cocod`` / ``lightning_cocod.lightning``: CoCoDStrategy."""
         return self.mixin.rpartition(":")[2].removesuffix("Method") + "Strategy"
 
-    def describe(self, tau: int | str | None = None) -> str:
-        """The label, with the period for a method that has one: "CoCoD-SGD tau=4"."""
-        return f"{self.label} tau={tau}" if self.periodic and tau is not None else self.label
+    def describe(self, tau: int | str | None = None, overlap: int | None = None) -> str:
+        """The label, with the period for a method that has one: "CoCoD-SGD tau=4", and an
+        overlap given for a method that takes one: "DiLoCo tau=8 overlap 1"."""
+        text = f"{self.label} tau={tau}" if self.periodic and tau is not None else self.label
+        return text + (f" overlap {overlap}" if overlap is not None and self.name in OVERLAPPED else "")
 
 
 # In the order tables list them: the baseline first.
@@ -76,6 +78,15 @@ METHODS: dict[str, Method] = {
 }
 PERIODIC = tuple(name for name, m in METHODS.items() if m.periodic)
 ADAPTIVE = tuple(name for name, m in METHODS.items() if m.adaptive)
+# The methods whose round takes ``overlap`` d (the steps its all-reduce runs alongside, 0 to tau:
+# ``core.outer``), with their strategies' defaults; None is the whole period, the paper's round.
+OVERLAPPED: dict[str, int | None] = {"cocod": None, "diloco": 0}
+
+
+def overlap_in_force(name: str, tau: int, overlap: int | None = None) -> int:
+    """d of a round of ``name`` with period ``tau``: ``overlap``, else the method's default."""
+    d = OVERLAPPED[name] if overlap is None else overlap
+    return tau if d is None else d
 
 
 def method(name: str) -> Method:
@@ -95,6 +106,6 @@ def method_of_class(class_name: str) -> str | None:
     return next((m.name for m in METHODS.values() if m.strategy_class == class_name), None)
 
 
-def label(name: str, tau: int | str | None = None) -> str:
+def label(name: str, tau: int | str | None = None, overlap: int | None = None) -> str:
     """``describe`` for a name that may not be a method (a tool's own rows): the name itself."""
-    return METHODS[name].describe(tau) if name in METHODS else name
+    return METHODS[name].describe(tau, overlap) if name in METHODS else name

@@ -5,6 +5,8 @@
     cocod-bench --methods cocod:auto --tau-max 64    # let tau="auto" go past its default bound, 1
     cocod-bench --slowdown 1,2 --methods ssgd,cocod,cocod:ps     # rank 1 twice as slow
     cocod-bench --rates 100mbit --methods cocod,cocod:int8,cocod:bf16,ssgd:powersgd   # compressed
+    cocod-bench --model small_cnn --rates 50mbit --methods ssgd,diloco:8,diloco:8:d1,diloco:8:d1:int8
+                                                  # DiLoCo's round, blocking and overlapped
     cocod-bench --repeats 3                       # three passes: medians and ranges of the ratios
     cocod-bench --topology pernode --workers 2,4,8 --model small_cnn --rates 10mbit,50mbit
                                                   # a link per worker: speedup against workers
@@ -13,7 +15,9 @@ A method is a name with options after colons: ``cocod:8`` (tau 8), ``cocod:auto`
 (proportional sampling; with --slowdown), e.g. ``local_sgd:8:ps``; ``cocod:int8`` and
 ``local_sgd:bf16`` send their rounds compressed (``compression=``), ``ssgd:bf16``, ``ssgd:fp16``
 and ``ssgd:powersgd`` (rank 1; ``ssgd:powersgd4``: rank 4) are DDP with torch's gradient
-compression hooks (``comm_hook=``). ``cocod:auto`` is
+compression hooks (``comm_hook=``). ``diloco:8:d1`` runs the outer round's all-reduce alongside
+the round's last step (``overlap=1``; ``dN``, 0 <= N <= tau, for diloco, default d0, and cocod,
+default the whole period), labelled "DiLoCo tau=8 overlap 1". ``cocod:auto`` is
 ``CoCoDStrategy(tau="auto")`` with its default bound (``SAFE_TAU_MAX``, 2: longer periods cost
 accuracy); ``--tau-max N`` gives every ``cocod:auto`` method ``tau_max=N`` and its label says so.
 
@@ -48,7 +52,7 @@ from lightning_cocod.core.adapt import SAFE_TAU_MAX
 from lightning_cocod.figures import markdown_table, steady_step_seconds
 from lightning_cocod.launch import TOPOLOGIES, LatencyUnsupported, format_latency, format_rate, parse_latency
 from lightning_cocod.launch.cluster import measured_round_trip
-from lightning_cocod.methods import METHODS, PERIODIC
+from lightning_cocod.methods import METHODS, OVERLAPPED, PERIODIC
 from lightning_cocod.tools.compare import (
     BOUND,
     BOUND_LABEL,
@@ -123,7 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--methods",
         default=",".join(METHODS),
-        help="e.g. ssgd,cocod,cocod:auto,cocod:ps,cocod:int8,local_sgd:bf16,ssgd:powersgd (see the module's doc)",
+        help="e.g. ssgd,cocod,cocod:auto,cocod:ps,cocod:int8,local_sgd:bf16,ssgd:powersgd,diloco:8:d1 "
+        "(see the module's doc)",
     )
     parser.add_argument(
         "--slowdown", default=None, help="per-rank slowdown factors, e.g. 1,2 (rank 1 twice as slow)"
@@ -188,21 +193,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def round_ends(result: dict[str, Any]) -> list[int]:
+def round_ends(result: dict[str, Any], overlap: int | None = None) -> list[int]:
     """Steps at which a full round ended inside a step (a partial last round, merged when fit
-    ends, is not one); a round of tau="auto" has the period in force when it was launched."""
+    ends, is not one); a round of tau="auto" has the period in force when it was launched. A
+    round with ``overlap`` d runs d steps from launch to merge (None: the whole period); DiLoCo
+    keeps no history of its fixed period, which is then the result's ``tau``."""
     history = result.get("tau_history") or []
+    if not history and overlap is not None and isinstance(result.get("tau"), int):
+        history = [(0, result["tau"])]
     ends = []
     for launch, finish, *_ in result["rounds"]:
         taus = [tau for step, tau in history if step <= launch]
-        if not taus or finish - launch == taus[-1]:
+        if not taus or finish - launch == (taus[-1] if overlap is None else min(overlap, taus[-1])):
             ends.append(finish)
     return sorted(set(ends))
 
 
-def steady_over_rounds(result: dict[str, Any], warmup: int) -> float:
+def steady_over_rounds(result: dict[str, Any], warmup: int, overlap: int | None = None) -> float:
     """Mean step time between the first and the last round end after the warm-up."""
-    ends = [e for e in round_ends(result) if e >= warmup]
+    ends = [e for e in round_ends(result, overlap) if e >= warmup]
     if len(ends) < 2:
         raise ValueError(f"fewer than two round ends after {warmup} warm-up steps ({ends}): run more steps")
     return steady_step_seconds(result["step_ends"][: ends[-1]], ends[0], period=ends[-1] - ends[0])
@@ -217,17 +226,19 @@ def periods_after(history: list[list[int]] | None, warmup: int) -> list[int] | N
     return before[-1:] + [tau for step, tau in history if step > warmup]
 
 
-def summarize(results: list[dict[str, Any]], warmup: int, periodic: bool) -> dict[str, Any]:
+def summarize(
+    results: list[dict[str, Any]], warmup: int, periodic: bool, overlap: int | None = None
+) -> dict[str, Any]:
     """Figures of one run. Its step time is the pace at which all its workers complete steps: a
     run is done when its last worker is, and the cores of a shared machine differ in speed (up to
     35% between the two side-by-side workers of one bound run here), so the bound is what the
     slowest worker alone achieves. One rank's own pace would charge it, after the warm-up, for
     the wait its peer's lag during the warm-up forces on it. Communication figures are averaged
-    over ranks; peak memory is the largest."""
+    over ranks; peak memory is the largest. ``overlap`` is a periodic run's d, as ``round_ends``'s."""
 
     def pace(result: dict[str, Any]) -> float:
         return (
-            steady_over_rounds(result, warmup)
+            steady_over_rounds(result, warmup, overlap)
             if periodic
             else steady_step_seconds(result["step_ends"], warmup)
         )
@@ -302,9 +313,11 @@ def measure(
         results = run_method({**spec, "method": BOUND}, workers, None, out, suffix=f"-{len(bounds) + 1}")
         bounds.append(summarize(results, args.warmup, False))
 
-    def run(run_spec: dict[str, Any], rate: str | None, periodic: bool) -> dict[str, Any]:
+    def run(
+        run_spec: dict[str, Any], rate: str | None, periodic: bool, overlap: int | None = None
+    ) -> dict[str, Any]:
         results = run_method(run_spec, workers, rate, out, topology=args.topology, latency=args.latency)
-        runs.append(summarize(results, args.warmup, periodic))
+        runs.append(summarize(results, args.warmup, periodic, overlap))
         if len(runs) % args.bound_every == 0 or len(runs) == planned:
             run_bound()
         return runs[-1]
@@ -316,11 +329,14 @@ def measure(
     for rate, bps in zip(args.rate_list, args.rate_bps):
         for method in args.method_specs:
             periodic = method["method"] in PERIODIC
-            result = run({**spec, **method}, rate, periodic)
+            # The method's own default when none was given (DiLoCo's d = 0), to tell its rounds' ends.
+            overlap = method.get("overlap", OVERLAPPED.get(method["method"]))
+            result = run({**spec, **method}, rate, periodic, overlap)
             # What the run was, for the performance model (plan_check.validate) to predict it.
             result.update(
                 method=method["method"],
                 tau=method["tau"] if periodic else None,
+                overlap=method.get("overlap"),
                 compression=method.get("compression"),
                 comm_hook=method.get("comm_hook"),
             )

@@ -31,6 +31,7 @@ _RATE = re.compile(r"(\d+(?:\.\d+)?)([kmg])(?:bit|bps)", re.IGNORECASE)
 COMPRESSIONS = ("bf16", "int8")
 COMM_HOOKS = ("bf16", "fp16", "powersgd")
 _POWERSGD = re.compile(r"powersgd(\d*)")
+_OVERLAP = re.compile(r"d(\d+)")
 
 
 def option_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -77,11 +78,13 @@ def require_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 def parse_method(token: str, default_tau: int) -> dict[str, Any]:
     """A method as the tools' --methods write it: a name, then options after colons.
     'cocod:auto:ps' -> {"method": "cocod", "tau": "auto", "proportional": True}; 'cocod:int8'
-    compresses the rounds (``compression="int8"``); 'ssgd:powersgd2' is DDP with torch's
+    compresses the rounds (``compression="int8"``); 'diloco:8:d1' overlaps the round's
+    all-reduce with its last step (``overlap=1``, 0 to tau); 'ssgd:powersgd2' is DDP with torch's
     PowerSGD hook of rank 2 (``comm_hook="powersgd"``, ``powersgd_rank=2``)."""
     name, *options = token.split(":")
     accepted = (
         f"TAU and ps ({', '.join(methods.PERIODIC)}), auto ({', '.join(methods.ADAPTIVE)}), "
+        f"overlap dN, 0 <= N <= TAU ({', '.join(methods.OVERLAPPED)}), "
         f"compression {' or '.join(COMPRESSIONS)} ({', '.join(methods.PERIODIC)}), "
         f"DDP hook {', '.join(COMM_HOOKS[:-1])} or powersgd[RANK] (ssgd)"
     )
@@ -103,6 +106,8 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
             spec["tau"] = int(option)
         elif option in COMPRESSIONS and name in methods.PERIODIC:
             spec["compression"] = option
+        elif _OVERLAP.fullmatch(option) and name in methods.OVERLAPPED:
+            spec["overlap"] = int(option[1:])
         elif name == "ssgd" and (option in COMM_HOOKS or powersgd):
             spec["comm_hook"] = "powersgd" if powersgd else option
             if powersgd and powersgd[1]:
@@ -113,17 +118,26 @@ def parse_method(token: str, default_tau: int) -> dict[str, Any]:
                 spec["powersgd_rank"] = int(powersgd[1])
         else:
             raise ValueError(f"option {option!r} of method {token!r} not understood; accepted: {accepted}")
+    if "overlap" in spec:  # against the period, which may come after it
+        if spec["tau"] == "auto":
+            raise ValueError(
+                f"method {token!r}: overlap d{spec['overlap']} needs a fixed period (auto chooses the paper's round's)"
+            )
+        if spec["overlap"] > spec["tau"]:
+            raise ValueError(
+                f"method {token!r}: overlap d{spec['overlap']} is above the period; accepted: d0 to d{spec['tau']}"
+            )
     return spec
 
 
 def method_label(spec: dict[str, Any]) -> str:
-    """The table's label of a run's spec: the method and its period ("CoCoD-SGD tau=4"), a raised
-    bound of tau="auto" (its runs are not the default's: the bound changes what tau="auto" may
-    choose), its codec ("CoCoD-SGD tau=4 int8", "S-SGD +PowerSGD rank 1"), proportional
-    sampling; or the bound's label."""
+    """The table's label of a run's spec: the method, its period and an overlap it was given
+    ("CoCoD-SGD tau=4", "DiLoCo tau=8 overlap 1"), a raised bound of tau="auto" (its runs are not
+    the default's: the bound changes what tau="auto" may choose), its codec ("CoCoD-SGD tau=4
+    int8", "S-SGD +PowerSGD rank 1"), proportional sampling; or the bound's label."""
     if spec["method"] == BOUND:
         return BOUND_LABEL
-    text = methods.label(spec["method"], spec.get("tau"))
+    text = methods.label(spec["method"], spec.get("tau"), spec.get("overlap"))
     text += f" (tau_max {spec['tau_max']})" if "tau_max" in spec else ""
     text += f" {spec['compression']}" if spec.get("compression") else ""
     if spec.get("comm_hook") == "powersgd":
@@ -177,6 +191,7 @@ def run_method(
     with ``topology="pernode"`` a link per worker); returns each rank's result. ``suffix`` tells
     apart the folders of repeated runs of one method."""
     name = spec["method"] + (f"-tau{spec['tau']}" if spec["method"] in methods.PERIODIC else "")
+    name += f"-d{spec['overlap']}" if spec.get("overlap") is not None else ""
     name += "".join(f"-{spec[key]}" for key in ("compression", "comm_hook", "powersgd_rank") if spec.get(key))
     name += "-ps" if spec.get("proportional") else ""
     run_dir = out_dir / f"{name}-{rate or 'unshaped'}{suffix}"

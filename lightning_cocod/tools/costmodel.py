@@ -14,6 +14,11 @@ The model, per optimizer step (t_c: compute time per step; S: model bytes; N wor
 * Local-SGD tau: t_c + (t_0 + T(S) + t_round) / tau: a blocking average every tau steps.
 * CoCoD-SGD tau: (t_round + max(tau t_c, T(S) + t_0)) / tau: the round-start model travels
   while tau steps compute; t_round is the round's own work (snapshot, checks, merge).
+* The outer round with overlap d (``core.outer``; DiLoCo, default d = 0, and CoCoD-SGD with
+  ``overlap``, default d = tau): (tau t_c + t_round + max(0, T(S) + t_0 - d t_c)) / tau: the
+  all-reduce runs alongside the round's last d steps and what they do not hide is waited for. At
+  d = 0 it blocks as Local-SGD's does, t_c + (t_0 + T(S) + t_round) / tau; at d = tau it is
+  CoCoD-SGD's; the outer step is part of t_round.
 * tau="auto": the period the strategy's own rule picks (``core.adapt.AdaptivePeriod``: smallest
   tau with tau t_c >= 1.2 (T(S) + t_0) and t_round <= 1% of tau t_c) given these figures, at most
   the strategy's tau_max: ``SAFE_TAU_MAX`` (2) by default, ``--tau-max`` to raise it. The
@@ -25,8 +30,8 @@ The model, per optimizer step (t_c: compute time per step; S: model bytes; N wor
   round, encoding and decoding; with ``--validate``, what the run itself measured).
 * ``--jitter c``: each worker's step time i.i.d. with coefficient of variation c. A barrier
   every step (S-SGD, Pipe-SGD) waits for the slowest of N: t_c (1 + c e_N), e_N the expected
-  maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD)
-  for the slowest sum of tau: t_c (1 + c e_N / sqrt(tau)) per step.
+  maximum of N standard normals; a barrier once a round of tau steps (Local-SGD, CoCoD-SGD,
+  DiLoCo) for the slowest sum of tau: t_c (1 + c e_N / sqrt(tau)) per step.
 
 Assumed: communication takes no compute from the steps (a GPU's copy engines and NIC, not a
 CPU's cores); the links are the only bottleneck (a non-blocking switch); every worker is as fast
@@ -41,7 +46,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from lightning_cocod.core.adapt import SAFE_TAU_MAX, AdaptivePeriod
-from lightning_cocod.methods import METHODS, PERIODIC
+from lightning_cocod.methods import METHODS, OVERLAPPED, PERIODIC, overlap_in_force
 from lightning_cocod.tools.compare import BOUND
 
 # fp32 parameters, plus floating-point buffers (BatchNorm statistics), which the periodic
@@ -134,8 +139,10 @@ def _compute(s: Setting, barrier_every: int) -> float:
     return s.step_seconds * (1 + s.jitter * expected_max_of_normals(s.workers) / math.sqrt(barrier_every))
 
 
-def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
-    """The model's time per optimizer step of `method` ("bound" is compute only)."""
+def step_seconds(s: Setting, method: str, tau: int = 1, overlap: int | None = None) -> float:
+    """The model's time per optimizer step of `method` ("bound" is compute only); ``overlap`` is
+    d of an outer round (``OVERLAPPED``; None: the method's own default)."""
+    d = check_overlap(method, tau, overlap)
     # A compressed round's codec runs on its communication path, as the strategy measures it.
     t_ar, t_0 = allreduce_seconds(s) + s.codec_seconds, allreduce_seconds(s, 0)
     if method == BOUND:
@@ -144,13 +151,25 @@ def step_seconds(s: Setting, method: str, tau: int = 1) -> float:
         return _compute(s, 1) + max(0.0, t_ar - s.overlap * s.step_seconds) + t_0
     if method == "pipe_sgd":
         return max(_compute(s, 1) + s.round_seconds, t_ar + t_0)
-    if method in ("local_sgd", "diloco"):
-        # DiLoCo at its default overlap 0 blocks on its round as Local-SGD does; its outer step is
-        # the round's own work (round_seconds). An overlapped round is not modelled yet.
-        return _compute(s, tau) + (t_0 + t_ar + s.round_seconds) / tau
-    if method == "cocod":
-        return (s.round_seconds + max(tau * _compute(s, tau), t_ar + t_0)) / tau
+    if method == "local_sgd" or method in OVERLAPPED:
+        # Local-SGD's blocking average is the outer round at d = 0.
+        compute, d = _compute(s, tau), d or 0
+        return (tau * compute + s.round_seconds + max(0.0, t_ar + t_0 - d * compute)) / tau
     raise ValueError(f"method {method!r} is not one of {BOUND}, {', '.join(METHODS)}")
+
+
+def check_overlap(method: str, tau: int, overlap: int | None) -> int | None:
+    """d in force for ``method`` (None for a method without an overlapped round); ValueError
+    for an ``overlap`` it does not take or outside 0 to ``tau``."""
+    if method not in OVERLAPPED:
+        if overlap is not None:
+            raise ValueError(
+                f"overlap={overlap!r} is the overlap of {', '.join(OVERLAPPED)}'s rounds; {method!r} takes none"
+            )
+        return None
+    if overlap is not None and not (isinstance(overlap, int) and 0 <= overlap <= tau):
+        raise ValueError(f"overlap={overlap!r} is not understood; accepted: an integer from 0 to tau={tau}")
+    return overlap_in_force(method, tau, overlap)
 
 
 def auto_period(s: Setting, tau_max: int = SAFE_TAU_MAX) -> int:
@@ -165,11 +184,15 @@ def auto_period(s: Setting, tau_max: int = SAFE_TAU_MAX) -> int:
 
 
 def predict(
-    s: Setting, method: str, tau: int | str = 4, tau_max: int = SAFE_TAU_MAX
+    s: Setting, method: str, tau: int | str = 4, tau_max: int = SAFE_TAU_MAX, overlap: int | None = None
 ) -> tuple[float, int | None]:
     """(seconds per step, the period used) of a method; tau "auto" is resolved by the rule, at
-    most ``tau_max``."""
+    most ``tau_max``; ``overlap`` as ``step_seconds``'s (tau "auto" takes none, as the strategy)."""
     if method in PERIODIC:
+        if tau == "auto" and overlap is not None:
+            raise ValueError(
+                f"overlap={overlap!r} needs a fixed period: tau='auto' chooses the paper's round's"
+            )
         period = auto_period(s, tau_max=tau_max) if tau == "auto" else int(tau)
-        return step_seconds(s, method, period), period
-    return step_seconds(s, method), None
+        return step_seconds(s, method, period, overlap), period
+    return step_seconds(s, method, overlap=overlap), None

@@ -6,6 +6,8 @@
     cocod-plan --workers 64 --bandwidth 1gbit --step-ms 60 --tau-max 64   # tau="auto" bounded by 64
     cocod-plan --workers 2 --bandwidth 100mbit --step-ms 1900 --topology loopback --device cpu \
         --compression bf16,int8 --codec-ns int8=40,bf16=20    # compressed rounds, and their codec's cost
+    cocod-plan --workers 64 --bandwidth 1gbit --step-ms 60 --tau 8 --overlap-steps 1,2,4   # DiLoCo's
+                                                  # round overlapped with its last 1, 2, 4 steps
 
 The model and its assumptions: ``costmodel``; ``--validate``, the model against the step times a
 cocod-bench run measured: ``plan_check``.
@@ -49,24 +51,30 @@ from lightning_cocod.tools.costmodel import (
 from lightning_cocod.tools.plan_check import validate, validation_table
 
 
-def plan_table(s: Setting, tau: int, tau_max: int, codecs: dict[str, float]) -> tuple[str, str]:
+def plan_table(
+    s: Setting, tau: int, tau_max: int, codecs: dict[str, float], overlaps: tuple[int, ...] = ()
+) -> tuple[str, str]:
     """The table of every method at one setting (tau="auto" within ``tau_max``), and the
     recommendation: the period that hides communication, and what tau="auto" does about it.
     ``codecs`` (name: the codec's seconds per element of a round) adds the periodic methods with
-    rounds in each codec, and a recommendation for each."""
+    rounds in each codec, and a recommendation for each; ``overlaps`` adds DiLoCo's round
+    overlapped with that many of its last steps, in fp32 and in each codec."""
     ssgd = step_seconds(s, "ssgd")
-    entries = [(BOUND, None, None)]
-    entries += [(name, tau if m.periodic else None, None) for name, m in METHODS.items()]
-    entries += [(name, "auto", None) for name in ADAPTIVE]
+    entries = [(BOUND, None, None, None)]
+    entries += [(name, tau if m.periodic else None, None, None) for name, m in METHODS.items()]
+    entries += [("diloco", tau, None, d) for d in overlaps]
+    entries += [(name, "auto", None, None) for name in ADAPTIVE]
     for codec in codecs:
-        entries += [(name, tau, codec) for name in PERIODIC] + [(name, "auto", codec) for name in ADAPTIVE]
+        entries += [(name, tau, codec, None) for name in PERIODIC]
+        entries += [("diloco", tau, codec, d) for d in overlaps]
+        entries += [(name, "auto", codec, None) for name in ADAPTIVE]
     rows = []
-    for method, period, codec in entries:
+    for method, period, codec, overlap in entries:
         setting = with_codec(s, codec, codecs[codec]) if codec else s
-        seconds, used = predict(setting, method, period if period is not None else 1, tau_max)
+        seconds, used = predict(setting, method, period if period is not None else 1, tau_max, overlap)
         bounded = f" ({used}, tau_max {tau_max})" if period == "auto" else ""
         name = (
-            (BOUND_LABEL if method == BOUND else label(method, period))
+            (BOUND_LABEL if method == BOUND else label(method, period, overlap))
             + (f" {codec}" if codec else "")
             + bounded
         )
@@ -120,6 +128,19 @@ def parse_codecs(text: str) -> list[str]:
             f"--compression {text!r} is not understood; accepted: {', '.join(COMPRESSIONS)}, comma-separated"
         )
     return list(dict.fromkeys(codecs))
+
+
+def parse_overlap_steps(text: str) -> tuple[int, ...]:
+    """'1,2' -> (1, 2): overlaps d of DiLoCo's round, in steps; 'none' -> () (no such row)."""
+    if text.strip().lower() == "none":
+        return ()
+    tokens = [t.strip() for t in text.split(",") if t.strip()]
+    if not tokens or not all(t.isdigit() for t in tokens):
+        raise ValueError(
+            f"--overlap-steps {text!r} is not understood; accepted: steps from 0 to --tau, comma-separated "
+            "(e.g. 1 or 1,2,4), or none"
+        )
+    return tuple(sorted(set(map(int, tokens))))
 
 
 def parse_codec_costs(text: str) -> dict[str | None, float]:
@@ -198,6 +219,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--overlap", type=float, default=None, help="share of a step S-SGD overlaps (default: preset)"
     )
     parser.add_argument(
+        "--overlap-steps",
+        default="1",
+        type=option_type(parse_overlap_steps),
+        help="rows for DiLoCo's round with its all-reduce alongside its last D steps (overlap=D), "
+        "e.g. 1 or 1,2,4 (0 to --tau), or none",
+    )
+    parser.add_argument(
         "--round-ms", type=float, default=None, help="a CoCoD round's own work, ms (default: --device)"
     )
     parser.add_argument(
@@ -257,6 +285,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
         (args.bandwidth_bps is not None, "--bandwidth: a plan needs a finite rate (e.g. 10gbit), not none"),
         (args.tau >= 1, f"--tau must be at least 1, got {args.tau}"),
+        (
+            all(d <= args.tau for d in args.overlap_steps),
+            f"--overlap-steps {','.join(map(str, args.overlap_steps))} is not understood; accepted: steps "
+            f"from 0 to --tau ({args.tau}), comma-separated",
+        ),
         (0 <= args.jitter < 1, f"--jitter is a coefficient of variation in [0, 1), got {args.jitter}"),
         (
             args.overlap is None or 0 <= args.overlap <= 1,
@@ -323,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             efficiency=args.efficiency,
             topology=args.topology,
         )
-        table, advice = plan_table(s, args.tau, tau_max, args.codecs)
+        table, advice = plan_table(s, args.tau, tau_max, args.codecs, args.overlap_steps)
         print(f"\n{workers} workers\n\n{table}\n\n{advice}")
     return 0
 

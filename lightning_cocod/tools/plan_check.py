@@ -120,6 +120,8 @@ def validate(figures: dict[str, Any], tau_max: int | None = None) -> list[dict[s
                 run = with_codec(s, codec, (codec_seconds or 0.0) / (s.model_bytes / 4))
                 tau = f.get("tau") or 1
                 bounded = {"tau_max": run_tau_max(name, f, tau_max)} if tau == "auto" else {}
+                # combine() takes the median over passes, which may be a float
+                bounded["overlap"] = None if f.get("overlap") is None else int(f["overlap"])
                 predicted, period = predict(run, f["method"], tau, **bounded)
                 low, high = (
                     predict(replace(run, step_seconds=t), f["method"], tau, **bounded)[0]

@@ -49,13 +49,15 @@ def make_strategy(
     compression: str | None = None,
     comm_hook: str | None = None,
     powersgd_rank: int | None = None,
+    overlap: int | None = None,
 ) -> Any:
     """The table entry's strategy class; "bound" is a single-process Trainer's own ("auto").
     ``backend`` None keeps each strategy's default (gloo on CPU, NCCL on GPU); ``tau_max`` None
     keeps CoCoDStrategy's default bound of tau="auto" (``SAFE_TAU_MAX``); CoCoDStrategy itself
     refuses one with a fixed tau, the other strategies would drop it silently, as they would
-    ``compression`` (periodic methods' rounds) and ``comm_hook`` / ``powersgd_rank`` (S-SGD's
-    DDP hooks): each is refused here for a method that takes none."""
+    ``compression`` (periodic methods' rounds), ``overlap`` (the outer round's, ``OVERLAPPED``)
+    and ``comm_hook`` / ``powersgd_rank`` (S-SGD's DDP hooks): each is refused here for a method
+    that takes none."""
     if method == BOUND:
         return "auto"
     entry = methods.method(method)
@@ -66,6 +68,10 @@ def make_strategy(
             f"compression={compression!r} compresses rounds of {', '.join(methods.PERIODIC)} only; "
             f"{method!r} has none (S-SGD: comm_hook)"
         )
+    if overlap is not None and method not in methods.OVERLAPPED:
+        raise ValueError(
+            f"overlap={overlap!r} overlaps rounds of {', '.join(methods.OVERLAPPED)} only; {method!r} takes none"
+        )
     if (comm_hook is not None or powersgd_rank is not None) and method != "ssgd":
         raise ValueError(f"comm_hook={comm_hook!r} is a DDP hook of ssgd only; {method!r} takes none")
     options = {
@@ -75,6 +81,7 @@ def make_strategy(
         "compression": compression,
         "comm_hook": comm_hook,
         "powersgd_rank": powersgd_rank,
+        "overlap": overlap,
     }
     strategy_class = getattr(lightning_cocod, entry.strategy_class)
     return strategy_class(**{key: value for key, value in options.items() if value is not None})
@@ -196,6 +203,7 @@ def run(spec: dict[str, Any], callbacks: Sequence[pl.Callback] = ()) -> dict[str
             spec.get("compression"),
             spec.get("comm_hook"),
             spec.get("powersgd_rank"),
+            spec.get("overlap"),
         ),
         precision=spec.get("precision") or "32-true",
         max_steps=spec.get("steps") or -1,

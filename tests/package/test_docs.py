@@ -27,6 +27,7 @@ COMMANDS_RUN_BY_TESTS = {
     "torchrun --nproc-per-node=2 examples/loop_example.py": "tests/loop/test_examples.py::test_the_plain_pytorch_example_runs_under_torchrun",
     "python examples/fabric_example.py": "tests/loop/test_examples.py::test_the_fabric_example_runs",
     "cocod-plan --workers 16,64 --bandwidth 10gbit --latency 50us --model resnet18 --step-ms 60": "tests/tools/test_plan.py::test_the_command_prints_every_method_and_a_period",
+    "cocod-plan --workers 64 --bandwidth 1gbit --step-ms 60 --tau 8 --overlap-steps 1,2,4": "tests/tools/test_plan.py::test_the_command_shows_diloco_overlapped_with_its_last_steps",
     "cocod-train experiment=smoke": "tests/package/test_packaging.py::test_an_installed_package_trains_from_an_empty_folder",
     "cocod-train --cfg job experiment=smoke": "tests/app/test_config.py::test_cfg_job_prints_the_default_config_on_a_machine_without_data",
     "cocod-train --help": "tests/app/test_config.py::test_help_lists_the_groups_and_the_top_level_options",

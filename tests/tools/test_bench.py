@@ -437,3 +437,118 @@ def test_the_worker_builds_compressed_rounds_and_ddp_hooks_and_refuses_them_else
         make_strategy("ssgd", 4, compression="int8")
     with pytest.raises(ValueError, match="comm_hook='bf16' is a DDP hook of ssgd only; 'cocod' takes none"):
         make_strategy("cocod", 4, comm_hook="bf16")
+
+
+# --- the outer round overlapped with its last steps -----------------------------------------------
+
+
+def test_an_overlap_is_a_method_option_of_the_outer_rounds():
+    from lightning_cocod.tools import bench
+
+    specs = bench.parse_args(
+        ["--methods", "ssgd,diloco:8,diloco:8:d1,diloco:8:d1:int8,diloco:d8:8,cocod:8:d2,diloco:d0"]
+    ).method_specs
+    assert [s.get("overlap") for s in specs] == [None, None, 1, 1, 8, 2, 0]
+    assert [s["tau"] for s in specs] == [4, 8, 8, 8, 8, 8, 4]  # the period may come after the overlap
+    assert specs[3]["compression"] == "int8"
+    assert [bench.method_label(s) for s in specs] == [
+        "S-SGD",
+        "DiLoCo tau=8",
+        "DiLoCo tau=8 overlap 1",
+        "DiLoCo tau=8 overlap 1 int8",
+        "DiLoCo tau=8 overlap 8",
+        "CoCoD-SGD tau=8 overlap 2",
+        "DiLoCo tau=4 overlap 0",
+    ]
+
+
+@pytest.mark.parametrize(
+    "methods, message",
+    [
+        ("diloco:8:d9", "method 'diloco:8:d9': overlap d9 is above the period; accepted: d0 to d8"),
+        ("diloco:d5", "method 'diloco:d5': overlap d5 is above the period; accepted: d0 to d4"),  # --tau 4
+        ("cocod:auto:d1", "method 'cocod:auto:d1': overlap d1 needs a fixed period"),
+        ("local_sgd:8:d1", "option 'd1' of method 'local_sgd:8:d1' not understood; accepted: "),
+        ("diloco:8:d", "overlap dN, 0 <= N <= TAU (cocod, diloco)"),
+        ("diloco:8:d-1", "option 'd-1' of method 'diloco:8:d-1' not understood"),
+    ],
+)
+def test_a_bad_overlap_is_a_one_line_error_naming_the_accepted(methods, message, capsys):
+    from lightning_cocod.tools import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", methods])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_an_overlapped_round_ends_d_steps_after_its_launch():
+    # tau 4, d 2: launched after steps 2, 6, 10, merged after 4, 8, 12; the last, launched after
+    # 14, was merged when fit ended after 15, one step short: not a round end.
+    result = {"rounds": [(2, 4), (6, 8), (10, 12), (14, 15)], "tau": 4}
+    assert round_ends(result, overlap=2) == [4, 8, 12]
+    # DiLoCo's default, d = 0: launched and merged after the same step.
+    assert round_ends({"rounds": [(4, 4), (8, 8)], "tau": 4}, overlap=0) == [4, 8]
+    # An overlap above the period in force (tau="auto" shortened it) is the whole period.
+    assert round_ends({"rounds": [(0, 2), (2, 4)], "tau_history": [(0, 2)]}, overlap=4) == [2, 4]
+
+
+def test_a_pass_runs_the_overlap_asked_for_and_records_it_for_the_model(monkeypatch, tmp_path):
+    from lightning_cocod.tools import bench
+
+    sent = []
+
+    def fake_run_method(spec, workers, rate, out, timeout_s=0, suffix="", topology="loopback", latency=None):
+        sent.append(spec)
+        if spec["method"] != "diloco":
+            return [rank_result([1.0] * 16)] * workers
+        d = spec.get("overlap", 0)
+        # The overlapped run steps faster: 1 s a step, and its round waits 1 s where d = 0's waits 2.
+        steps = [1.0, 1.0, 1.0, 3.0 - d] * 4
+        rounds = [(k - d, k, 1.0, 2.0 - d) for k in range(4, 17, 4)]
+        return [
+            rank_result(steps, rounds, {"exposed_seconds": 0.0, "hidden_fraction": 1.0}) | {"tau": 4}
+        ] * workers
+
+    monkeypatch.setattr(bench, "run_method", fake_run_method)
+    args = bench.parse_args(
+        [
+            "--methods",
+            "diloco,diloco:d1",
+            "--steps",
+            "16",
+            "--warmup",
+            "4",
+            "--rates",
+            "100mbit",
+            "--no-overhead",
+        ]
+    )
+    figures = bench.measure(args, {"tau": 4}, tmp_path)
+    assert [s.get("overlap") for s in sent if s["method"] == "diloco"] == [None, 1]
+    by_name = {name: runs[str(100_000_000)] for name, runs in figures["methods"].items()}
+    blocking, overlapped = by_name["DiLoCo tau=4"], by_name["DiLoCo tau=4 overlap 1"]
+    assert blocking["step_seconds"] == pytest.approx(6.0 / 4) and blocking["overlap"] is None
+    assert overlapped["step_seconds"] == pytest.approx(5.0 / 4) and overlapped["overlap"] == 1
+
+
+def test_the_worker_builds_the_overlap_and_refuses_it_elsewhere():
+    import inspect
+
+    from lightning_cocod import CoCoDStrategy, DiLoCoStrategy
+    from lightning_cocod.methods import OVERLAPPED
+    from lightning_cocod.tools.worker import make_strategy
+
+    assert make_strategy("diloco", 8, overlap=1).overlap == 1
+    assert make_strategy("cocod", 8, overlap=2).overlap == 2
+    assert make_strategy("diloco", 8).overlap == 0
+    with pytest.raises(
+        ValueError, match="overlap=1 overlaps rounds of cocod, diloco only; 'local_sgd' takes none"
+    ):
+        make_strategy("local_sgd", 8, overlap=1)
+    # The tools' defaults are the strategies' own.
+    defaults = {
+        name: inspect.signature(cls.__init__).parameters["overlap"].default
+        for name, cls in (("cocod", CoCoDStrategy), ("diloco", DiLoCoStrategy))
+    }
+    assert defaults == OVERLAPPED

@@ -75,6 +75,58 @@ def test_step_time_of_every_method_by_hand():
 
 
 @pytest.mark.timeout(10)
+def test_the_outer_round_hides_what_its_overlap_steps_cover():
+    # tau=4, T + t_0 = 0.6012 s; (4 x 0.1 + 0.001 + max(0, 0.6012 - d x 0.1)) / 4 per step.
+    blocking = 0.1 + (0.0006 + 0.6006 + 0.001) / 4  # Local-SGD's, written out
+    assert step_seconds(HAND, "diloco", 4, 0) == pytest.approx(blocking)
+    assert step_seconds(HAND, "diloco", 4) == pytest.approx(blocking)  # DiLoCo's default, d = 0
+    assert step_seconds(HAND, "diloco", 4, 1) == pytest.approx((0.4 + 0.001 + 0.5012) / 4)
+    assert step_seconds(HAND, "diloco", 4, 2) == pytest.approx((0.4 + 0.001 + 0.4012) / 4)
+    # d = tau is CoCoD-SGD's round: (0.001 + 0.6012) / 4, as in the table above.
+    assert step_seconds(HAND, "diloco", 4, 4) == pytest.approx((0.001 + 0.6012) / 4)
+    assert step_seconds(HAND, "diloco", 4, 4) == pytest.approx(step_seconds(HAND, "cocod", 4))
+    assert step_seconds(HAND, "diloco", 4, 0) == pytest.approx(step_seconds(HAND, "local_sgd", 4))
+    # 7 of 8 steps hide the whole round (0.7 s >= 0.6012 s): only the round's own work is left.
+    assert step_seconds(HAND, "diloco", 8, 7) == pytest.approx((0.8 + 0.001) / 8)
+    # CoCoD-SGD with overlap=d is the same round; its default is the whole period.
+    assert step_seconds(HAND, "cocod", 4, 1) == pytest.approx((0.4 + 0.001 + 0.5012) / 4)
+    assert step_seconds(HAND, "cocod", 4, 0) == pytest.approx(blocking)
+    assert costmodel.predict(HAND, "diloco", 4, overlap=1) == (pytest.approx(0.9022 / 4), 4)
+    assert costmodel.predict(HAND, "cocod", 4) == (pytest.approx(0.6022 / 4), 4)
+
+
+@pytest.mark.timeout(10)
+def test_an_overlapped_rounds_jitter_is_paid_once_a_round():
+    fast = with_(bandwidth_bps=80_000_000_000, workers=2, jitter=0.1)
+    e2 = 1 / math.sqrt(math.pi)
+    compute = 0.1 * (1 + 0.1 * e2 / 2)  # the slowest of two sums of 4 steps, per step
+    t = allreduce_seconds(fast) + allreduce_seconds(fast, 0)
+    assert step_seconds(fast, "diloco", 4, 0) == pytest.approx(compute + (t + 0.001) / 4)
+    assert step_seconds(fast, "diloco", 4, 1) == pytest.approx((4 * compute + 0.001) / 4)  # one step hides t
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: step_seconds(HAND, "diloco", 4, 5),
+            "overlap=5 is not understood; accepted: an integer from 0 to tau=4",
+        ),
+        (lambda: step_seconds(HAND, "diloco", 4, -1), "overlap=-1 is not understood"),
+        (
+            lambda: step_seconds(HAND, "local_sgd", 4, 1),
+            "overlap=1 is the overlap of cocod, diloco's rounds; 'local_sgd' takes none",
+        ),
+        (lambda: costmodel.predict(HAND, "cocod", "auto", overlap=1), "overlap=1 needs a fixed period"),
+    ],
+)
+def test_an_overlap_the_method_does_not_take_is_refused_in_one_line(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+@pytest.mark.timeout(10)
 def test_auto_period_is_the_strategys_rule():
     # Hide: tau * 0.1 >= 1.2 * 0.6012 -> tau >= 7.21 -> 8; amortise: 0.001 <= 0.01 * tau * 0.1 -> 1.
     assert auto_period(HAND, tau_max=64) == 8
@@ -162,6 +214,20 @@ def test_validation_calibrates_on_one_allreduce_and_predicts_every_run():
     assert auto["period"] == 9 and auto["predicted"] == pytest.approx((round_seconds + 0.9) / 9)
     table = plan_check.validation_table(list(rows.values()))
     assert "CoCoD-SGD tau=auto" in table and "9 / 4, 8" in table and "efficiency 0.800" in table
+
+
+@pytest.mark.timeout(10)
+def test_validation_predicts_an_overlapped_round_with_the_overlap_the_run_had():
+    figures = _bench_figures(0.0006 + 5.96e6 / 8e6)  # an all-reduce of 0.7462 s, as above
+    runs = figures["workers"]["4"]["methods"]
+    for name, overlap in (("DiLoCo tau=4", None), ("DiLoCo tau=4 overlap 1", 1.0)):  # 1.0: a median
+        runs[name] = {"80000000": {"method": "diloco", "tau": 4, "overlap": overlap, "step_seconds": 0.25}}
+    rows = {r["method"]: r for r in plan_check.validate(figures)}
+    round_seconds = 4e6 / 1.5e9
+    assert rows["DiLoCo tau=4"]["predicted"] == pytest.approx(0.1 + (0.7462 + round_seconds) / 4)
+    assert rows["DiLoCo tau=4 overlap 1"]["predicted"] == pytest.approx(
+        (0.4 + round_seconds + 0.7462 - 0.1) / 4
+    )
 
 
 @pytest.mark.timeout(10)
@@ -255,9 +321,55 @@ def test_the_recommendation_gives_the_hiding_period_and_what_auto_does_with_it(c
 
 
 @pytest.mark.timeout(10)
+def test_the_command_shows_diloco_overlapped_with_its_last_steps(capsys):
+    # The hand setting: T + t_0 = 600.6 + 0.6 ms, 100 ms a step, 2 ms of a round's own work, tau 4.
+    hand = ["--workers", "4", "--bandwidth", "80mbit", "--latency", "100us", "--model-bytes", "4000000"]
+    hand += ["--step-ms", "100", "--round-ms", "2", "--efficiency", "1"]
+
+    def step_ms(argv: list[str]) -> dict[str, str]:
+        assert plan.main(argv) == 0
+        rows = [line.strip(" |").split("|") for line in capsys.readouterr().out.splitlines()]
+        return {row[0].strip(): row[1].strip() for row in rows if len(row) == 4}
+
+    # The default row, d = 1: (4 x 100 + 2 + 601.2 - 100) / 4 = 225.8 ms.
+    assert step_ms(hand)["DiLoCo tau=4 overlap 1"] == "225.8"
+    rows = step_ms([*hand, "--overlap-steps", "0,4,2"])
+    # d = 0: 100 + (0.6 + 600.6 + 2) / 4, Local-SGD's; d = 2: (400 + 2 + 401.2) / 4; d = 4:
+    # (400 + 2 + 201.2) / 4, CoCoD-SGD's.
+    assert rows["DiLoCo tau=4 overlap 0"] == rows["Local-SGD tau=4"] == "250.8"
+    assert rows["DiLoCo tau=4 overlap 2"] == "200.8"
+    assert rows["DiLoCo tau=4 overlap 4"] == rows["CoCoD-SGD tau=4"] == "150.8"
+    assert "DiLoCo tau=4 overlap 1" not in rows
+    assert not [name for name in step_ms([*hand, "--overlap-steps", "none"]) if "overlap" in name]
+    # The command docs/performance.md shows: 64 workers at 1 Gbit/s, T + t_0 = 749.3 ms (as in the
+    # recommendation's test), a GPU round of 0.89 ms, 60 ms a step, tau 8:
+    # (480 + 0.89 + 749.3 - 60 d) / 8 = 146.3, 138.8 and 123.8 ms for d = 1, 2, 4.
+    rows = step_ms(
+        [
+            "--workers",
+            "64",
+            "--bandwidth",
+            "1gbit",
+            "--step-ms",
+            "60",
+            "--tau",
+            "8",
+            "--overlap-steps",
+            "1,2,4",
+        ]
+    )
+    assert [rows[f"DiLoCo tau=8 overlap {d}"] for d in (1, 2, 4)] == ["146.3", "138.8", "123.8"]
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "argv, message",
     [
+        (
+            ["--step-ms", "60", "--overlap-steps", "5"],
+            "--overlap-steps 5 is not understood; accepted: steps from 0 to --tau (4), comma-separated",
+        ),
+        (["--step-ms", "60", "--overlap-steps", "x"], "--overlap-steps 'x' is not understood; accepted: "),
         (["--bandwidth", "10 gbit", "--step-ms", "60"], "rate '10 gbit' is not understood; accepted: "),
         (["--bandwidth", "10GB", "--step-ms", "60"], "e.g. 100mbit, 100Mbps, 1.5gbit, 10Gbps, or 'none'"),
         (["--bandwidth", "none", "--step-ms", "60"], "a plan needs a finite rate"),
