@@ -71,18 +71,49 @@ def code_of(record: dict[str, Any]) -> str:
     return f"lightning_cocod {record['version']}" + (f" ({git})" if git else "")
 
 
+def describe_outer_config(outer: Any) -> str | None:
+    """An outer optimizer's config (a Hydra ``_partial_`` node, or its plain dict) in words that
+    compare equal across runs: "SGD lr 0.7 momentum 0.9 nesterov"; None for none."""
+    if isinstance(outer, DictConfig):
+        outer = OmegaConf.to_container(outer, resolve=True)
+    if not outer:
+        return None
+    words = [str(outer.get("_target_", "optimizer")).rpartition(".")[2]]
+    for key, value in outer.items():
+        if key.startswith("_") or value is False or value is None:
+            continue
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        words.append(key if value is True else f"{key} {value:g}" if is_number else f"{key} {value}")
+    return " ".join(words)
+
+
+def _default_outer(method: str | None) -> str | None:
+    from lightning_cocod.core.outer import DILOCO_OUTER  # torch: only where a run is named
+
+    if method != "diloco":
+        return None
+    return describe_outer_config({"_target_": DILOCO_OUTER.func.__name__, **DILOCO_OUTER.keywords})
+
+
 def variant_of(record: dict[str, Any]) -> str | None:
     """What sets a run apart from its method's defaults, as run names and report labels add it:
-    a CoCoD merge other than the default ("progress 0.5"), compressed rounds ("int8"), DDP's
-    compression hook ("powersgd") or tau="auto" with a bound other than the default ("tau_max 64")."""
+    a CoCoD merge other than the default ("progress 0.5"), an overlap or an outer optimizer other
+    than the method's ("overlap 1", "outer SGD lr 0.35 momentum 0.9 nesterov"), compressed rounds
+    ("int8"), DDP's compression hook ("powersgd") or tau="auto" with a bound other than the
+    default ("tau_max 64"). Records from before an option existed ran its default."""
     from lightning_cocod.core.adapt import safe_tau_max
     from lightning_cocod.core.averaging import DEFAULT_PROGRESS  # torch: only where a run is named
 
-    progress = record.get("progress", 1.0) if record.get("method") == "cocod" else None
+    method = record.get("method")
+    progress = record.get("progress", 1.0) if method == "cocod" else None
     merge = None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
+    overlap = record.get("overlap", 0 if method == "diloco" else None)
+    shift = None if overlap == (0 if method == "diloco" else None) else f"overlap {overlap}"
+    outer = record.get("outer_optimizer", _default_outer(method))
+    outer = None if outer == _default_outer(method) else f"outer {outer or 'none'}"
     bound = record.get("tau_max") if record.get("tau") == "auto" else None
     bound = None if bound in (None, safe_tau_max(progress or DEFAULT_PROGRESS)) else f"tau_max {bound}"
-    parts = [merge, record.get("compression"), record.get("comm_hook"), bound]
+    parts = [merge, shift, outer, record.get("compression"), record.get("comm_hook"), bound]
     return ", ".join(p for p in parts if p) or None
 
 
@@ -113,6 +144,8 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "compression": cfg.strategy.get("compression"),  # CoCoD's and Local-SGD's codec
         "comm_hook": cfg.strategy.get("comm_hook"),  # S-SGD's DDP hook: then no baseline of speedups
         "tau_max": cfg.strategy.get("tau_max"),  # tau="auto"'s bound, when the run set one
+        "overlap": cfg.strategy.get("overlap"),  # the outer round's: steps its all-reduce runs alongside
+        "outer_optimizer": describe_outer_config(cfg.strategy.get("outer_optimizer")),
     }
     workers = world_size(cfg)
     commit, dirty = git_commit()

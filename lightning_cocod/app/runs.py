@@ -62,11 +62,14 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("an integer", (int,), ("seed", "workers")),
     ("a name", (str,), ("id",)),
     ("a name", (str, type(None)), ("group", "condition_id", "link", "compression", "comm_hook")),
+    ("a name", (str, type(None)), ("outer_optimizer",)),
     ("a mapping", (dict, type(None)), ("condition",)),
-    ("a period", (int, type(None)), ("tau",)),  # or "auto", let through below
+    ("a period", (int, type(None)), ("tau", "overlap")),  # or "auto" (_AUTO), let through below
     ("a count", (int, type(None)), ("rounds", "tau_max")),
     ("a number", (int, float, type(None)), (*_NUMBERS, "target_accuracy", "speedup_vs_ssgd", "progress")),
 ]
+
+_AUTO = ("tau", "overlap")  # what may also be "auto", chosen as the run measured
 
 
 # What the figures a run writes can hold: its accuracies are fractions (the report shows them in
@@ -83,6 +86,7 @@ _RANGES |= dict.fromkeys(("codec_seconds", "speedup_vs_ssgd"), _SIZE)
 _COUNT = 10**9
 _RANGES |= dict.fromkeys(("tau", "tau_max", "workers"), (1, _COUNT, f"a count in [1, {_COUNT:g}]"))
 _RANGES |= {"rounds": (0, _COUNT, f"a count in [0, {_COUNT:g}]"), "seed": (0, 2**32 - 1, "in [0, 2^32 - 1]")}
+_RANGES |= {"overlap": (0, _COUNT, f"a count in [0, {_COUNT:g}]")}
 _POINT = {"seconds": _SIZE, "accuracy": _FRACTION, "loss": _SIZE}  # a timeline point's (loss: or null)
 
 
@@ -113,7 +117,7 @@ def _problem(record: object) -> str | None:
         return f"judged_by {record.get('judged_by')!r} is none of {', '.join(GOALS)}"
     for what, kinds, keys in _KINDS:
         for key in keys:
-            if _wrong(record.get(key), kinds) and (key, record.get(key)) != ("tau", "auto"):
+            if _wrong(record.get(key), kinds) and not (key in _AUTO and record.get(key) == "auto"):
                 return f"{key} {record.get(key)!r} is not {what}"
     group = record.get("group")
     # The report's files are named after it: a name the app could not have given may name no file

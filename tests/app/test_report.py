@@ -521,6 +521,18 @@ def test_hostile_records_are_each_skipped_and_named_and_no_link_is_written_throu
             "group 'a\\x00b' is not a name",
         ),
         "long/run.json": (json.dumps(dict(COCOD_A1, id="g/long", group="x" * 300)), "group 'xxxxxxxx"),
+        "overlap/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/overlap", overlap="1")),
+            "overlap '1' is not a period",
+        ),
+        "negative/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/negative", overlap=-1)),
+            "overlap -1 is not a count",
+        ),
+        "outer/run.json": (
+            json.dumps(dict(COCOD_A1, id="g/outer", outer_optimizer=[1])),
+            "outer_optimizer [1] is not",
+        ),
         "deep/run.json": (
             "[" * 100_000 + "]" * 100_000,
             "its JSON is nested deeper than Python's parser goes",

@@ -114,6 +114,36 @@ def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_pa
     ]
 
 
+def test_a_run_names_the_overlap_and_outer_optimizer_that_are_not_its_methods_defaults(tmp_path):
+    from lightning_cocod.app.identity import make_identity, variant_of
+
+    outer = "strategy.outer_optimizer"
+    cases = {
+        (): "diloco-tau8-w2-s0",
+        ("strategy.overlap=1", "strategy.compression=int8"): "diloco-tau8-overlap1-int8-w2-s0",
+        (f"{outer}.lr=0.35",): "diloco-tau8-outerSGDlr0.35momentum0.9nesterov-w2-s0",
+        (
+            f"{outer}.momentum=0",
+            f"{outer}.nesterov=false",
+            f"{outer}.lr=1.0",
+        ): "diloco-tau8-outerSGDlr1momentum0-w2-s0",
+        (f"{outer}=null",): "diloco-tau8-outernone-w2-s0",
+        ("strategy.overlap=auto",): "diloco-tau8-overlapauto-w2-s0",
+    }
+    names = {}
+    for overrides in cases:
+        argv = ["experiment=smoke", "strategy=diloco", f"out_root={tmp_path}", *overrides]
+        (cfg,) = preflight(argv)
+        names[overrides] = make_identity(cfg, tmp_path / "run", "r1")["name"]
+    assert names == cases
+    # Records from before the options existed ran the defaults: no variant, as before.
+    assert variant_of({"method": "diloco", "tau": 8}) is None
+    assert variant_of({"method": "cocod", "tau": 4}) is None
+    assert variant_of({"method": "cocod", "tau": 8, "overlap": 1, "outer_optimizer": "SGD lr 0.7"}) == (
+        "overlap 1, outer SGD lr 0.7"
+    )
+
+
 def _recipe(
     recipe: str, tmp_path: Path, env: dict[str, str], *args: str
 ) -> tuple[subprocess.CompletedProcess, str]:
