@@ -88,6 +88,26 @@ def test_the_time_to_accuracy_recipe_runs_every_method_on_per_worker_links(tmp_p
     assert report[:3] == [str(tmp_path / "out" / "mnist1d_tta"), "--group", "tta-mini"]
 
 
+def test_the_long_mnist1d_recipe_runs_8_workers_on_five_times_the_signals(tmp_path):
+    env = {"OUT_ROOT": str(tmp_path / "out"), "RUN_ID": "mini", "SEEDS": "0"}
+    jobs, report = recipe_jobs("mnist1d_long.sh", tmp_path, env, "max_epochs=1")
+    ran = []
+    for cfg in jobs:
+        s = cfg.strategy
+        outer = s.get("outer_optimizer")
+        outer = outer and (outer.lr, outer.momentum, outer.nesterov)
+        ran.append((method_of(s), s.get("tau"), s.get("overlap"), outer, s.get("compression")))
+        assert (cfg.launcher.rate, cfg.launcher.topology, cfg.launcher.devices) == ("100mbit", "pernode", 8)
+        # The time-to-accuracy study's model and schedule on 60,000 signals: 40,000 to train on.
+        assert cfg.model.net.channels == 256 and cfg.data.num_samples == 60_000 and cfg.group == "long1d-mini"
+    assert ran == [
+        ("ssgd", None, None, None, None),
+        ("cocod", "auto", None, None, "int8"),
+        ("diloco", 4, 1, (1.0, 0.0, False), "int8"),  # Local-SGD's mean, overlapped with 1 step
+    ]
+    assert report[:3] == [str(tmp_path / "out" / "mnist1d_long"), "--group", "long1d-mini"]
+
+
 def test_a_run_names_the_bound_of_its_tau_auto_when_it_is_not_the_default(tmp_path):
     from lightning_cocod.app.identity import make_identity
 
