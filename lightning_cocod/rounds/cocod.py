@@ -37,9 +37,9 @@ _FLAGS = FIGURES + 1
 TAU = 'a positive integer (optimizer steps per round) or "auto"'
 PERIOD_ONLY = "a positive integer (optimizer steps per round)"
 # The period tau="auto" runs the outer round at (an outer_optimizer given): the period the
-# package's accuracy study runs the outer round at (docs/methods.md, "The outer round"). An outer
-# round's accuracy turns on its period, which a link's timing should not move; what is measured
-# then is the overlap that hides the round within it.
+# long-rounds study ran it at (docs/accuracy/long-rounds.md: on its GPT, 8 and 16 ended alike and
+# 32 lost more). What a period costs is the task's, which a link's timing says nothing of; what
+# the timing decides is the overlap that hides the round within it.
 OUTER_TAU = 8
 AUTO = "auto"
 
