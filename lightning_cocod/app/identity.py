@@ -109,8 +109,9 @@ def variant_of(record: dict[str, Any]) -> str | None:
     merge = None if progress is None or progress == DEFAULT_PROGRESS else f"progress {progress:g}"
     overlap = record.get("overlap", 0 if method == "diloco" else None)
     shift = None if overlap == (0 if method == "diloco" else None) else f"overlap {overlap}"
-    outer = record.get("outer_optimizer", _default_outer(method))
-    outer = None if outer == _default_outer(method) else f"outer {outer or 'none'}"
+    default_outer = _default_outer(method)
+    outer = record.get("outer_optimizer", default_outer)
+    outer = None if outer == default_outer else f"outer {outer or 'none'}"
     bound = record.get("tau_max") if record.get("tau") == "auto" else None
     bound = None if bound in (None, safe_tau_max(progress or DEFAULT_PROGRESS)) else f"tau_max {bound}"
     parts = [merge, shift, outer, record.get("compression"), record.get("comm_hook"), bound]

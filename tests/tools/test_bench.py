@@ -392,20 +392,7 @@ def test_bytes_and_codec_time_per_round_and_the_codecs_share_of_the_rounds_compu
         return [result] * workers
 
     monkeypatch.setattr(bench, "run_method", fake_run_method)
-    args = bench.parse_args(
-        [
-            "--methods",
-            "ssgd,cocod,cocod:int8",
-            "--steps",
-            "16",
-            "--warmup",
-            "4",
-            "--rates",
-            "100mbit",
-            "--no-overhead",
-        ]
-    )
-    figures = bench.measure(args, {"tau": 4}, tmp_path)
+    args, figures = _measure_16_steps_at_100mbit("ssgd,cocod,cocod:int8", tmp_path)
     assert [s.get("compression") for s in sent if s["method"] == "cocod"] == [None, "int8"]
     by_name = {name: runs[str(100_000_000)] for name, runs in figures["methods"].items()}
     int8, fp32 = by_name["CoCoD-SGD tau=4 int8"], by_name["CoCoD-SGD tau=4"]
@@ -511,20 +498,7 @@ def test_a_pass_runs_the_overlap_asked_for_and_records_it_for_the_model(monkeypa
         ] * workers
 
     monkeypatch.setattr(bench, "run_method", fake_run_method)
-    args = bench.parse_args(
-        [
-            "--methods",
-            "diloco,diloco:d1",
-            "--steps",
-            "16",
-            "--warmup",
-            "4",
-            "--rates",
-            "100mbit",
-            "--no-overhead",
-        ]
-    )
-    figures = bench.measure(args, {"tau": 4}, tmp_path)
+    _, figures = _measure_16_steps_at_100mbit("diloco,diloco:d1", tmp_path)
     assert [s.get("overlap") for s in sent if s["method"] == "diloco"] == [None, 1]
     by_name = {name: runs[str(100_000_000)] for name, runs in figures["methods"].items()}
     blocking, overlapped = by_name["DiLoCo tau=4"], by_name["DiLoCo tau=4 overlap 1"]
@@ -552,3 +526,14 @@ def test_the_worker_builds_the_overlap_and_refuses_it_elsewhere():
         for name, cls in (("cocod", CoCoDStrategy), ("diloco", DiLoCoStrategy))
     }
     assert defaults == OVERLAPPED
+
+
+def _measure_16_steps_at_100mbit(methods: str, tmp_path):
+    """(the arguments, ``bench.measure``'s figures) over ``methods``: 16 steps, 4 of warm-up, one
+    100 Mbit/s link, no overhead run (with ``run_method`` faked by the caller)."""
+    from lightning_cocod.tools import bench
+
+    args = bench.parse_args(
+        ["--methods", methods, "--steps", "16", "--warmup", "4", "--rates", "100mbit", "--no-overhead"]
+    )
+    return args, bench.measure(args, {"tau": 4}, tmp_path)
