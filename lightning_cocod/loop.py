@@ -310,7 +310,7 @@ class _RoundsLoop:
 class CoCoD(_RoundsLoop):
     """CoCoD-SGD: the round's all-reduce of the model overlaps ``tau`` local steps (see
     ``CoCoDStrategy``, whose options these are: ``tau`` (an integer or ``"auto"``), ``tau_min``,
-    ``tau_max``, ``progress``, ``overlap``, ``outer_optimizer``, ``average_buffers``,
+    ``tau_max``, ``progress``, ``overlap``, ``outer_optimizer``, ``outer_scheduler``, ``average_buffers``,
     ``on_nonfinite``, ``compression``, ``error_feedback``), on the default process group
     or ``group``; ``weight``: this rank's share of every average (None: the plain mean);
     ``timeout``: seconds (or a timedelta) before a collective gives up on a peer."""
@@ -346,7 +346,7 @@ class PipeSGD(_RoundsLoop):
 
 class DiLoCo(_RoundsLoop):
     """DiLoCo: every ``tau`` steps an outer step on the mean pseudo-gradient (see ``DiLoCoStrategy``,
-    whose options these are: ``tau``, ``overlap``, ``outer_optimizer``, ``average_buffers``,
+    whose options these are: ``tau``, ``overlap``, ``outer_optimizer``, ``outer_scheduler``, ``average_buffers``,
     ``on_nonfinite``, ``compression``, ``error_feedback``; ``group``, ``weight`` and ``timeout``
     as ``CoCoD``'s)."""
 

@@ -98,7 +98,8 @@ def _default_outer(method: str | None) -> str | None:
 def variant_of(record: dict[str, Any]) -> str | None:
     """What sets a run apart from its method's defaults, as run names and report labels add it:
     a CoCoD merge other than the default ("progress 0.5"), an overlap or an outer optimizer other
-    than the method's ("overlap 1", "outer SGD lr 0.35 momentum 0.9 nesterov"), compressed rounds
+    than the method's ("overlap 1", "outer SGD lr 0.35 momentum 0.9 nesterov"), an outer learning-
+    rate schedule ("schedule LinearLR start_factor 0.25 total_iters 3"), compressed rounds
     ("int8"), DDP's compression hook ("powersgd") or tau="auto" with a bound other than the
     default ("tau_max 64"). Records from before an option existed ran its default."""
     from lightning_cocod.core.adapt import safe_tau_max
@@ -112,9 +113,11 @@ def variant_of(record: dict[str, Any]) -> str | None:
     default_outer = _default_outer(method)
     outer = record.get("outer_optimizer", default_outer)
     outer = None if outer == default_outer else f"outer {outer or 'none'}"
+    schedule = record.get("outer_scheduler")
+    schedule = f"schedule {schedule}" if schedule else None
     bound = record.get("tau_max") if record.get("tau") == "auto" else None
     bound = None if bound in (None, safe_tau_max(progress or DEFAULT_PROGRESS)) else f"tau_max {bound}"
-    parts = [merge, shift, outer, record.get("compression"), record.get("comm_hook"), bound]
+    parts = [merge, shift, outer, schedule, record.get("compression"), record.get("comm_hook"), bound]
     return ", ".join(p for p in parts if p) or None
 
 
@@ -147,6 +150,7 @@ def make_identity(cfg: DictConfig, job_dir: Path, run_id: str) -> dict[str, Any]
         "tau_max": cfg.strategy.get("tau_max"),  # tau="auto"'s bound, when the run set one
         "overlap": cfg.strategy.get("overlap"),  # the outer round's: steps its all-reduce runs alongside
         "outer_optimizer": describe_outer_config(cfg.strategy.get("outer_optimizer")),
+        "outer_scheduler": describe_outer_config(cfg.strategy.get("outer_scheduler")),
     }
     workers = world_size(cfg)
     commit, dirty = git_commit()

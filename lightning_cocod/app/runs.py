@@ -62,7 +62,7 @@ _KINDS: list[tuple[str, tuple[type, ...], tuple[str, ...]]] = [
     ("an integer", (int,), ("seed", "workers")),
     ("a name", (str,), ("id",)),
     ("a name", (str, type(None)), ("group", "condition_id", "link", "compression", "comm_hook")),
-    ("a name", (str, type(None)), ("outer_optimizer",)),
+    ("a name", (str, type(None)), ("outer_optimizer", "outer_scheduler")),
     ("a mapping", (dict, type(None)), ("condition",)),
     ("a period", (int, type(None)), ("tau", "overlap")),  # or "auto" (_AUTO), let through below
     ("a count", (int, type(None)), ("rounds", "tau_max")),

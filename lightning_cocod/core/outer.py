@@ -13,7 +13,11 @@ local steps taken while the reduction was in flight (Streaming DiLoCo's overlap,
 2025, with this correction in place of its blend); a heavy-ball outer SGD is SlowMo's outer step
 (Wang et al. 2020). Outer SGD with lr 1 and no momentum gives theta' = mean_j s_j: Local-SGD at
 d = 0, CoCoD-SGD's merge at d = H, up to rounding (theta - (theta - mean s) is not always mean s
-in floating point). The rounds that schedule it are ``rounds.cocod.CoCoDRounds``.
+in floating point). An ``outer_scheduler`` (a factory optimizer -> LRScheduler) steps once after
+every outer step, e.g. a linear warm-up of the outer learning rate: the first rounds' pseudo-
+gradients are the largest and most alike across workers, and outer momentum at full rate on them
+overshoots (docs/accuracy/long-rounds.md). The rounds that schedule it are
+``rounds.cocod.CoCoDRounds``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from lightning_cocod._options import invalid
 from lightning_cocod.core.averaging import SnapshotRound
@@ -33,11 +38,18 @@ from lightning_cocod.core.comm import Communicator, Handle
 from lightning_cocod.core.flat import FlatBuffer
 
 OuterFactory = Callable[[list[Tensor]], Optimizer]
+SchedulerFactory = Callable[[Optimizer], LRScheduler]
 # DiLoCo's outer optimizer (Douillard et al. 2023, for AdamW workers; torchft's DiLoCo defaults to it too).
 DILOCO_OUTER: OuterFactory = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
 ACCEPTED = (
     "None (the paper's merge: theta' = mean of the snapshots) or a callable params -> "
     "torch.optim.Optimizer, e.g. functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)"
+)
+
+SCHEDULER_ACCEPTED = (
+    "None (the outer learning rate as given) or a callable optimizer -> "
+    "torch.optim.lr_scheduler.LRScheduler, stepped after every outer step, e.g. "
+    "functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.25, total_iters=3)"
 )
 
 
@@ -69,11 +81,34 @@ def build_outer(owner: str, factory: Any, params: list[Tensor]) -> Optimizer:
     return built
 
 
-def check_outer(owner: str, factory: Any) -> OuterFactory | None:
-    """Refuse a bad factory now, before any worker starts, by building it once over a throwaway
-    tensor (the real one is built over theta when training starts)."""
+def build_scheduler(owner: str, factory: Any, optimizer: Optimizer) -> LRScheduler:
+    """``factory(optimizer)``, or a one-line ValueError as ``build_outer``'s."""
+    if not callable(factory):
+        raise invalid(owner, "outer_scheduler", factory, SCHEDULER_ACCEPTED)
+    try:
+        built = factory(optimizer)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's factory is the option's
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise invalid(
+            owner, "outer_scheduler", factory, f"{SCHEDULER_ACCEPTED} (it raised: {first})"
+        ) from None
+    if not isinstance(built, LRScheduler):
+        raise invalid(
+            owner, "outer_scheduler", factory, f"{SCHEDULER_ACCEPTED} (it returned a {type(built).__name__})"
+        )
+    return built
+
+
+def check_outer(owner: str, factory: Any, scheduler: Any = None) -> OuterFactory | None:
+    """Refuse a bad factory (and scheduler factory) now, before any worker starts, by building
+    them once over a throwaway tensor (the real ones are built over theta when training starts)."""
+    if scheduler is not None and factory is None:
+        accepted = "None without an outer_optimizer (it schedules the outer optimizer's learning rate)"
+        raise invalid(owner, "outer_scheduler", scheduler, accepted)
     if factory is not None:
-        build_outer(owner, factory, [torch.zeros(1)])
+        optimizer = build_outer(owner, factory, [torch.zeros(1)])
+        if scheduler is not None:
+            build_scheduler(owner, scheduler, optimizer)
     return factory
 
 
@@ -83,7 +118,8 @@ class OuterRound(SnapshotRound):
 
     Memory: three flat copies of the model (the snapshot, theta, and the buffer the all-reduce
     works in, which holds Delta), plus the outer optimizer's state (one more for momentum). The
-    outer optimizer steps theta's flat buckets, whose ``.grad`` is the mean Delta during the step.
+    outer optimizer steps theta's flat buckets, whose ``.grad`` is the mean Delta during the step;
+    the scheduler, when there is one, steps after it.
     """
 
     def __init__(
@@ -93,11 +129,13 @@ class OuterRound(SnapshotRound):
         factory: OuterFactory,
         weight: float | None = None,
         owner: str = "OuterRound",
+        scheduler: SchedulerFactory | None = None,
     ) -> None:
         super().__init__(tensors, comm, weight)  # average: Delta_i, then the mean Delta
         self.theta = FlatBuffer(self.tensors)
         self.theta.pack(self.tensors)  # the common initial model
         self.optimizer = build_outer(owner, factory, self.theta.buckets)
+        self.scheduler = None if scheduler is None else build_scheduler(owner, scheduler, self.optimizer)
 
     def _to_reduce(self) -> None:
         for delta, theta, snapshot in zip(self.average.buckets, self.theta.buckets, self.snapshot.buckets):
@@ -110,6 +148,8 @@ class OuterRound(SnapshotRound):
         for theta, delta in zip(self.theta.buckets, self.average.buckets):
             theta.grad = delta
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         for theta in self.theta.buckets:
             theta.grad = None
         # x <- theta' + (x - s): the local steps taken since the snapshot are kept (zero at d = 0).
@@ -122,13 +162,16 @@ class OuterRound(SnapshotRound):
     settle = finish
 
     def state_dict(self) -> dict[str, Any]:
-        """theta and the outer optimizer's state, the same on every rank (every rank steps the
-        same theta with the same mean Delta)."""
-        return {
+        """theta and the outer optimizer's (and scheduler's) state, the same on every rank (every
+        rank steps the same theta with the same mean Delta)."""
+        state = {
             "theta": [b.detach().cpu().clone() for b in self.theta.buckets],
             # A copy: the optimizer's own dict holds its live buffers, which the next step changes.
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
         }
+        if self.scheduler is not None:
+            state["scheduler"] = copy.deepcopy(self.scheduler.state_dict())
+        return state
 
     def load_state_dict(self, state: Any, owner: str) -> None:
         theta = state.get("theta") if isinstance(state, dict) else None
@@ -153,4 +196,27 @@ class OuterRound(SnapshotRound):
             raise ValueError(
                 f"{owner}: the state's outer optimizer does not fit this run's ({err}); accepted: the "
                 "state of the same outer_optimizer over the same model"
+            ) from None
+        self._load_scheduler(state, owner)
+
+    def _load_scheduler(self, state: dict[str, Any], owner: str) -> None:
+        """The schedule resumes where it was; a state from a run without one (or with one where this
+        run has none) is refused: the outer learning rate would silently restart or stay scheduled."""
+        saved = state.get("scheduler")
+        if self.scheduler is None and saved is None:
+            return
+        if self.scheduler is None or not isinstance(saved, dict):
+            found = "none" if saved is None else type(saved).__name__
+            wanted = (
+                "the state of this run's outer_scheduler"
+                if self.scheduler
+                else "none (this run has no outer_scheduler)"
+            )
+            raise invalid(owner, "the state's outer scheduler", found, wanted)
+        try:
+            self.scheduler.load_state_dict(saved)
+        except (KeyError, ValueError, TypeError) as err:
+            raise ValueError(
+                f"{owner}: the state's outer scheduler does not fit this run's ({err}); accepted: the "
+                "state of the same outer_scheduler"
             ) from None

@@ -22,7 +22,14 @@ from torch import Tensor
 from lightning_cocod._options import invalid, is_int
 from lightning_cocod.core import CoCoDRound, FiniteCheck, FlatBuffer, Handle
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS, check_progress
-from lightning_cocod.core.outer import DILOCO_OUTER, OuterFactory, OuterRound, check_outer, describe_outer
+from lightning_cocod.core.outer import (
+    DILOCO_OUTER,
+    OuterFactory,
+    OuterRound,
+    SchedulerFactory,
+    check_outer,
+    describe_outer,
+)
 from lightning_cocod.rounds.auto import FIGURES, AutoPeriod
 from lightning_cocod.rounds.base import Rounds
 from lightning_cocod.rounds.period import check_period
@@ -60,6 +67,7 @@ class CoCoDRounds(Rounds):
         progress: float = DEFAULT_PROGRESS,
         overlap: int | str | None = None,
         outer_optimizer: OuterFactory | None = None,
+        outer_scheduler: SchedulerFactory | None = None,
         **common: Any,
     ) -> None:
         self.progress = check_progress(owner, progress)
@@ -86,7 +94,8 @@ class CoCoDRounds(Rounds):
             )
             raise invalid(owner, "overlap", overlap, accepted)
         self.overlap = overlap
-        self.outer_optimizer = check_outer(owner, outer_optimizer)
+        self.outer_optimizer = check_outer(owner, outer_optimizer, outer_scheduler)
+        self.outer_scheduler = outer_scheduler
         if outer_optimizer is not None and self.progress != DEFAULT_PROGRESS:
             raise invalid(
                 owner,
@@ -159,6 +168,8 @@ class CoCoDRounds(Rounds):
             options["overlap"] = self.overlap
         if self.outer_optimizer is not None:
             options["outer_optimizer"] = describe_outer(self.outer_optimizer)
+        if self.outer_scheduler is not None:
+            options["outer_scheduler"] = describe_outer(self.outer_scheduler)
         return {**options, **super().options()}
 
     def agreed(self) -> dict[str, Any]:
@@ -176,7 +187,12 @@ class CoCoDRounds(Rounds):
             self.round = CoCoDRound(self.tensors, self.round_comm, self.weight, self.progress)
         else:
             self.round = OuterRound(
-                self.tensors, self.round_comm, self.outer_optimizer, self.weight, self.owner
+                self.tensors,
+                self.round_comm,
+                self.outer_optimizer,
+                self.weight,
+                self.owner,
+                self.outer_scheduler,
             )
         self._round_start = 0
         self._control = torch.zeros(_FLAGS + self.world_size, dtype=torch.float64)

@@ -6,7 +6,7 @@ from functools import partial
 from typing import Any
 
 from lightning_cocod.core.averaging import DEFAULT_PROGRESS
-from lightning_cocod.core.outer import OuterFactory
+from lightning_cocod.core.outer import OuterFactory, SchedulerFactory
 from lightning_cocod.rounds.cocod import CoCoDRounds
 from lightning_cocod.strategies.base import SyncStrategyBase, of_rounds
 
@@ -43,6 +43,9 @@ class CoCoDMethod(SyncStrategyBase):
             ``x_i <- theta' + (x_i - snap_i)`` (``core.outer``). None (the default) is the
             paper's merge. Outer SGD with lr 1 and no momentum is that merge too, and at
             ``overlap=0`` Local-SGD, up to rounding.
+        outer_scheduler: a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler`` stepped
+            after every outer step (e.g. ``functools.partial(LinearLR, start_factor=0.25,
+            total_iters=3)``: a warm-up of the outer learning rate over the first rounds), or None.
         compression: None (fp32, the default), "bf16" or "int8": rounds sent as encoded deltas
             (``core.compress``, docs/compression.md); ``error_feedback`` (default True) carries
             what encoding dropped to the next round.
@@ -66,6 +69,7 @@ class CoCoDMethod(SyncStrategyBase):
         error_feedback: bool = True,
         overlap: int | str | None = None,
         outer_optimizer: OuterFactory | None = None,
+        outer_scheduler: SchedulerFactory | None = None,
         **kwargs: Any,
     ) -> None:
         rounds = partial(
@@ -76,6 +80,7 @@ class CoCoDMethod(SyncStrategyBase):
             progress=progress,
             overlap=overlap,
             outer_optimizer=outer_optimizer,
+            outer_scheduler=outer_scheduler,
             compression=compression,
             error_feedback=error_feedback,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from lightning_cocod.core.outer import DILOCO_OUTER, OuterFactory
+from lightning_cocod.core.outer import DILOCO_OUTER, OuterFactory, SchedulerFactory
 from lightning_cocod.rounds.cocod import DiLoCoRounds
 from lightning_cocod.strategies.base import SyncStrategyBase, of_rounds
 
@@ -30,6 +30,8 @@ class DiLoCoMethod(SyncStrategyBase):
         outer_optimizer: a factory ``params -> torch.optim.Optimizer`` (default
             ``functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``), or None
             for the plain mean of the snapshots.
+        outer_scheduler: a factory ``optimizer -> torch.optim.lr_scheduler.LRScheduler`` stepped
+            after every outer step (as ``CoCoDStrategy``'s), or None (the default).
         compression, error_feedback, average_buffers: as ``CoCoDStrategy``'s; with a codec the
             pseudo-gradients are sent encoded, as deltas from the last mean one.
     """
@@ -42,6 +44,7 @@ class DiLoCoMethod(SyncStrategyBase):
         tau: int = 8,
         overlap: int | str | None = 0,
         outer_optimizer: OuterFactory | None = DILOCO_OUTER,
+        outer_scheduler: SchedulerFactory | None = None,
         compression: str | None = None,
         error_feedback: bool = True,
         **kwargs: Any,
@@ -51,6 +54,7 @@ class DiLoCoMethod(SyncStrategyBase):
             tau=tau,
             overlap=overlap,
             outer_optimizer=outer_optimizer,
+            outer_scheduler=outer_scheduler,
             compression=compression,
             error_feedback=error_feedback,
         )

@@ -149,6 +149,10 @@ def test_a_run_names_the_overlap_and_outer_optimizer_that_are_not_its_methods_de
         ): "diloco-tau8-outerSGDlr1momentum0-w2-s0",
         (f"{outer}=null",): "diloco-tau8-outernone-w2-s0",
         ("strategy.overlap=auto",): "diloco-tau8-overlapauto-w2-s0",
+        (
+            "strategy.outer_scheduler={_target_:torch.optim.lr_scheduler.LinearLR,_partial_:true,"
+            "start_factor:0.25,total_iters:3}",
+        ): "diloco-tau8-scheduleLinearLRstart_factor0.25total_iters3-w2-s0",
     }
     names = {}
     for overrides in cases:

@@ -14,7 +14,7 @@ from lightning_cocod.loop import CoCoD, DiLoCo
 from tests.helpers import toy
 from tests.helpers.gloo_ranks import results, run_ranks
 from tests.loop.test_loop_and_fabric import batches, run_fabric, sgd
-from tests.rounds.test_outer_round import NESTEROV, reference_outer
+from tests.rounds.test_outer_round import NESTEROV, WARMUP, reference_outer, warmed_lr
 from tests.strategies.test_against_reference import assert_matches, fit
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
@@ -95,6 +95,11 @@ def test_the_trainer_follows_the_rule(tmp_path, overlap):
     ranks = fit(DiLoCoStrategy(tau=TAU, overlap=overlap, start_method="fork"), tmp_path)
     assert_matches(ranks, *reference_outer(2, STEPS, TAU, overlap))
     assert ranks[0]["final"] == ranks[1]["final"]
+
+
+def test_the_trainer_warms_the_outer_learning_rate_up_as_scheduled(tmp_path):
+    ranks = fit(DiLoCoStrategy(tau=TAU, overlap=1, outer_scheduler=WARMUP, start_method="fork"), tmp_path)
+    assert_matches(ranks, *reference_outer(2, STEPS, TAU, 1, lr_at=warmed_lr))
 
 
 def test_the_trainer_loop_and_fabric_run_the_same_round(tmp_path):

@@ -17,6 +17,13 @@ from tests.helpers.fake_comm import BlockingCluster, FakeCluster, run_ranks_in_t
 STEPS, LR, MOMENTUM = 8, 0.7, 0.9
 NESTEROV = functools.partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM, nesterov=True)
 PLAIN_SGD = functools.partial(torch.optim.SGD, lr=1.0)
+WARMUP = functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.25, total_iters=3)
+
+
+def warmed_lr(k):
+    """The outer lr of the k-th outer step (from 0) under WARMUP: a quarter, then up by a quarter
+    per round to LR."""
+    return LR * min(1.0, 0.25 + 0.75 * k / 3)
 
 
 def _drive(rounds, workers, rank, first, last, poison=None):
@@ -85,7 +92,7 @@ def train(make_rounds, world=2, steps=STEPS, checkpoint_at=None, resume=None, we
 
 
 def reference_outer(
-    world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weights=None, poison=None, outer=None
+    world, steps, tau, overlap, lr=LR, momentum=MOMENTUM, weights=None, poison=None, outer=None, lr_at=None
 ):
     """The rule with a Nesterov outer step written out (torch's SGD convention: the first buffer
     is the gradient itself); a fit ending inside a round merges it, then every rank averages.
@@ -93,7 +100,8 @@ def reference_outer(
     ``train``'s, with on_nonfinite="skip": a round whose snapshots hold NaN takes no outer step
     (theta and the momentum stay), and its bad ranks restart from the lowest healthy rank's model
     with a fresh optimizer. ``outer``: a dict that receives the final theta and momentum buffer,
-    the (step, bad ranks) skipped, and (step, flat theta) after every outer step."""
+    the (step, bad ranks) skipped, and (step, flat theta) after every outer step. ``lr_at``: the
+    lr of the k-th outer step taken (from 0), for a schedule; default ``lr`` throughout."""
     w = toy._Workers(world, steps)
     share = weights or [1 / world] * world
     theta = [p.detach().clone() for p in w.params(0)]
@@ -113,8 +121,9 @@ def reference_outer(
             return
         delta = [sum(share[r] * (theta[k] - snaps[r][k]) for r in range(world)) for k in range(len(theta))]
         buffer = delta if buffer is None else [momentum * b + g for b, g in zip(buffer, delta)]
+        rate = lr if lr_at is None else lr_at(len(history))
         for k in range(len(theta)):
-            theta[k] = theta[k] - lr * (delta[k] + momentum * buffer[k])
+            theta[k] = theta[k] - rate * (delta[k] + momentum * buffer[k])
             for r in range(world):
                 p = w.params(r)[k]
                 p.copy_(theta[k] + (p - snaps[r][k]))
@@ -162,6 +171,23 @@ def test_the_outer_round_follows_the_rule(world, tau, overlap):
     assert_close(trajectory, expected)
     assert_close(final, expected_final)
     assert all(rank == final[0] for rank in final)
+
+
+@pytest.mark.parametrize(("tau", "overlap"), [(2, 0), (2, 1)])
+def test_an_outer_scheduler_sets_each_outer_step_s_learning_rate(tau, overlap):
+    # 8 steps at tau=2: four outer steps at a quarter, half, three quarters and all of LR.
+    outer = {}
+    trajectory, final, _ = train(
+        lambda: CoCoDRounds(
+            "test", tau=tau, overlap=overlap, outer_optimizer=NESTEROV, outer_scheduler=WARMUP
+        )
+    )
+    expected, expected_final = reference_outer(2, STEPS, tau, overlap, lr_at=warmed_lr, outer=outer)
+    assert_close(trajectory, expected)
+    assert_close(final, expected_final)
+    assert len(outer["history"]) == 4
+    unscheduled, _ = reference_outer(2, STEPS, tau, overlap)
+    assert trajectory[1] != unscheduled[1]  # the first outer step is a quarter of LR's
 
 
 def test_heterogeneous_workers_weight_the_mean_pseudo_gradient():
@@ -261,6 +287,30 @@ def test_resuming_mid_round_with_the_outer_state_is_the_run_that_went_on(tau, ov
     if overlap == 0 and at % tau:
         lost, _, _ = train(make, resume=saved)
         assert lost != whole[at:]
+
+
+@pytest.mark.parametrize("at", [3, 5])
+def test_resuming_mid_warm_up_goes_on_with_the_schedule_where_it_was(at):
+    # tau=2, overlap=1: at 3 the second round is in flight (one outer step taken), at 5 the third.
+    def make(schedule=WARMUP):
+        return CoCoDRounds("test", tau=2, overlap=1, outer_optimizer=NESTEROV, outer_scheduler=schedule)
+
+    whole, whole_final, saved = train(make, checkpoint_at=at)
+    resumed, resumed_final, _ = train(make, resume=saved)
+    assert resumed == whole[at:]  # bit for bit
+    assert resumed_final == whole_final
+    # A state saved with a schedule is refused by a run without one, and the other way round.
+    with pytest.raises(
+        ValueError, match=r"^test: the state's outer scheduler='dict' is invalid; accepted: none"
+    ):
+        train(lambda: make(None), resume=saved)
+    for state in saved:
+        state["rounds"]["outer"] = {k: v for k, v in state["rounds"]["outer"].items() if k != "scheduler"}
+    with pytest.raises(
+        ValueError,
+        match=r"^test: the state's outer scheduler='none' is invalid; accepted: the state of this run's outer_scheduler$",
+    ):
+        train(make, resume=saved)
 
 
 def test_the_figures_say_the_period_and_overlap_of_each_round():

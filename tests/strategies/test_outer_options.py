@@ -1,4 +1,4 @@
-"""``overlap`` and ``outer_optimizer`` refused at construction, in one line naming the option and what
+"""``overlap``, ``outer_optimizer`` and ``outer_scheduler`` refused at construction, in one line naming the option and what
 is accepted, by every front-end (Trainer strategies of both namespaces, the loop API, Fabric),
 before any worker starts."""
 
@@ -12,6 +12,9 @@ from tests.helpers import toy
 # tau=4: below 0, above tau, floats, a bool, strings that are not "auto"
 BAD_OVERLAP = [-1, 5, 1.0, 2.5, True, "1", "sometimes", "AUTO"]
 NOT_AN_OPTIMIZER = [3, "torch.optim.SGD", lambda params: 3, lambda params: torch.zeros(1)]
+# Not a scheduler: a number, a name, a factory of an optimizer (the outer_optimizer's, misplaced)
+NOT_A_SCHEDULER = [3, "LinearLR", lambda optimizer: torch.optim.SGD([torch.zeros(1)], lr=1.0)]
+NESTEROV = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
 
 
 def _front_ends():
@@ -71,6 +74,37 @@ def test_an_outer_optimizer_that_builds_no_optimizer_is_refused_in_one_line(name
     assert "torch.optim.Optimizer" in message
     if callable(outer):  # what it built instead is said
         assert message.endswith(f"(it returned a {type(outer([])).__name__})")
+
+
+@pytest.mark.parametrize("name", FRONT_ENDS)
+@pytest.mark.parametrize("schedule", NOT_A_SCHEDULER, ids=["int", "str", "returns-an-optimizer"])
+def test_an_outer_scheduler_that_builds_no_scheduler_is_refused_in_one_line(name, schedule):
+    message = _refusal(_front_ends()[name], outer_optimizer=NESTEROV, outer_scheduler=schedule)
+    assert message.startswith(
+        f"{name.strip()}: outer_scheduler={schedule!r} is invalid; accepted: None (the outer learning rate as given)"
+    )
+    assert "torch.optim.lr_scheduler.LRScheduler" in message
+    if callable(schedule):
+        assert message.endswith("(it returned a SGD)")
+
+
+def test_a_scheduler_with_no_outer_optimizer_to_schedule_is_refused_in_one_line():
+    import lightning_cocod
+
+    warmup = functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.25, total_iters=3)
+    message = _refusal(lightning_cocod.CoCoDStrategy, outer_scheduler=warmup)
+    assert message.startswith(
+        "CoCoDStrategy: outer_scheduler=functools.partial(<class 'torch.optim.lr_scheduler.LinearLR'>"
+    )
+    assert message.endswith(
+        "is invalid; accepted: None without an outer_optimizer (it schedules the outer optimizer's learning rate)"
+    )
+    message = _refusal(lightning_cocod.DiLoCoStrategy, outer_optimizer=None, outer_scheduler=warmup)
+    assert message.startswith("DiLoCoStrategy: outer_scheduler=")
+    # A scheduler that cannot be built on the outer optimizer says what it raised.
+    wrong = functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=2.0)
+    message = _refusal(lightning_cocod.DiLoCoStrategy, outer_scheduler=wrong)
+    assert "(it raised: Starting multiplicative factor expected to be" in message
 
 
 def test_a_factory_that_raises_is_refused_with_its_first_line():
@@ -136,5 +170,10 @@ def test_the_options_print_as_given_and_every_name_is_registered():
         "progress": 1.0,
         "average_buffers": True,
     }  # the paper's round prints as it did
+    warmup = functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.25, total_iters=3)
+    scheduled = lightning_cocod.DiLoCoStrategy(tau=4, outer_scheduler=warmup)
+    assert scheduled.rounds.options()["outer_scheduler"] == (
+        "torch.optim.lr_scheduler.LinearLR(start_factor=0.25, total_iters=3)"
+    )
     for name in ("diloco", "diloco_fork", "diloco_spawn"):
         assert name in pl.strategies.StrategyRegistry
