@@ -4,7 +4,9 @@
 # For each worker count, one sweep after another: by default S-SGD and Local-SGD at tau 4 and 8,
 # S-SGD with DDP's bf16 gradient hook, then the recipe's sweeps; then cocod-report writes the
 # group's table and plots. Every worker sits behind its own link of RATE.
-# DRY_RUN=1 prints the commands instead of running them (tests compose what it prints).
+# ROWS=<names> runs only those sweeps (comma-separated, as the arrays name them), e.g. a row added
+# to an earlier group with GROUP=. DRY_RUN=1 prints the commands instead of running them (tests
+# compose what it prints).
 set -euo pipefail
 RUN_ID=${RUN_ID:-$(date +%Y%m%d-%H%M%S)}
 OUT_ROOT=${OUT_ROOT:-outputs}
@@ -21,12 +23,21 @@ BASE_SWEEPS=(
 )
 
 shaped_study() {
-  local workers sweep overrides common counts
+  local workers sweep overrides common counts names row
   IFS=', ' read -r -a counts <<<"$WORKERS"  # split, never glob-expanded (check_env: counts only)
+  names=","
+  for sweep in "${BASE_SWEEPS[@]}" "${COCOD_SWEEPS[@]}"; do names+="${sweep%%|*},"; done
+  if [[ -n "${ROWS:-}" ]]; then
+    [[ "$ROWS" =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] || refuse ROWS "sweep names of this recipe, comma-separated: ${names:1:-1}"
+    for row in ${ROWS//,/ }; do
+      [[ "$names" == *",$row,"* ]] || refuse ROWS "sweep names of this recipe, comma-separated: ${names:1:-1}"
+    done
+  fi
   for workers in "${counts[@]}"; do
     common=(experiment="$EXPERIMENT" launcher.rate="$RATE" launcher.topology=pernode out_root="$OUT_ROOT"
       group="$GROUP" launcher.devices="$workers" seed="$SEEDS")
     for sweep in "${BASE_SWEEPS[@]}" "${COCOD_SWEEPS[@]}"; do
+      [[ -z "${ROWS:-}" || ",$ROWS," == *",${sweep%%|*},"* ]] || continue
       read -r -a overrides <<<"${sweep#*|}"
       run cocod-train --multirun "${common[@]}" run_id="$RUN_ID-w$workers-${sweep%%|*}" "$@" "${overrides[@]}"
     done

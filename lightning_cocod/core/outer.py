@@ -66,37 +66,27 @@ def describe_outer(factory: OuterFactory | None) -> str | None:
     return f"{module}.{name}"
 
 
-def build_outer(owner: str, factory: Any, params: list[Tensor]) -> Optimizer:
-    """``factory(params)``, or a one-line ValueError naming ``owner`` when it is no factory of an
-    optimizer (not callable, raising, or returning something else)."""
+def _built(owner: str, option: str, factory: Any, argument: Any, kind: type, accepted: str) -> Any:
+    """``factory(argument)``, or a one-line ValueError naming ``owner`` and ``option`` when it
+    builds no ``kind`` (not callable, raising, or returning something else)."""
     if not callable(factory):
-        raise invalid(owner, "outer_optimizer", factory, ACCEPTED)
+        raise invalid(owner, option, factory, accepted)
     try:
-        built = factory(params)
+        built = factory(argument)
     except Exception as err:  # noqa: BLE001 - any failure of the user's factory is the option's
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise invalid(owner, "outer_optimizer", factory, f"{ACCEPTED} (it raised: {first})") from None
-    if not isinstance(built, Optimizer):
-        raise invalid(owner, "outer_optimizer", factory, f"{ACCEPTED} (it returned a {type(built).__name__})")
+        raise invalid(owner, option, factory, f"{accepted} (it raised: {first})") from None
+    if not isinstance(built, kind):
+        raise invalid(owner, option, factory, f"{accepted} (it returned a {type(built).__name__})")
     return built
+
+
+def build_outer(owner: str, factory: Any, params: list[Tensor]) -> Optimizer:
+    return _built(owner, "outer_optimizer", factory, params, Optimizer, ACCEPTED)
 
 
 def build_scheduler(owner: str, factory: Any, optimizer: Optimizer) -> LRScheduler:
-    """``factory(optimizer)``, or a one-line ValueError as ``build_outer``'s."""
-    if not callable(factory):
-        raise invalid(owner, "outer_scheduler", factory, SCHEDULER_ACCEPTED)
-    try:
-        built = factory(optimizer)
-    except Exception as err:  # noqa: BLE001 - any failure of the user's factory is the option's
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise invalid(
-            owner, "outer_scheduler", factory, f"{SCHEDULER_ACCEPTED} (it raised: {first})"
-        ) from None
-    if not isinstance(built, LRScheduler):
-        raise invalid(
-            owner, "outer_scheduler", factory, f"{SCHEDULER_ACCEPTED} (it returned a {type(built).__name__})"
-        )
-    return built
+    return _built(owner, "outer_scheduler", factory, optimizer, LRScheduler, SCHEDULER_ACCEPTED)
 
 
 def check_outer(owner: str, factory: Any, scheduler: Any = None) -> OuterFactory | None:

@@ -227,6 +227,7 @@ def test_the_recipes_run_their_commands_for_real_without_dry_run(tmp_path):
         ("resnet18_cifar10.sh", "HETERO", "true"),
         *(("smoke.sh", "RUN_ID", v) for v in ("a b", "x,y", "../up", "*")),
         *(("long_rounds_study.sh", "GROUP", v) for v in ("a b", "x,y", "*")),
+        *(("long_rounds_study.sh", "ROWS", v) for v in ("nope", "ssgd,", "ssgd diloco", "*")),
         *(("smoke.sh", "OUT_ROOT", v) for v in ("a,b", "-x", "a b", "out/*")),
         ("resnet18_cifar10.sh", "NNODES", "0"),
         ("resnet18_cifar10.sh", "NPROC", "two"),
