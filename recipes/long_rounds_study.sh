@@ -15,16 +15,14 @@
 #   ends and running alongside that step (overlap 1);
 #   CoCoD-SGD at its defaults (tau="auto", at most 2; the paper's merge), and with int8 rounds and
 #   an outer step at every round (progress=2 at tau=1: the language-model study's best);
-#   the overlapped outer round as tuned on seed 0 (outer16): period 16, overlap 1, int8, outer
-#   Nesterov lr 1.0 / momentum 0.8 warmed up over its first 4 rounds (a quarter, a half, three
-#   quarters, then all of it), inner lr 3e-3;
 # at 4 workers (WORKERS=8 for 8), seeds 0 1 2, S-SGD first. cocod-report's target is S-SGD's final
 # validation loss plus 0.01 nats; its table gives each row's final loss and time to that target.
 #
 #   sudo recipes/long_rounds_study.sh [extra overrides...]   (OUT_ROOT=outputs, RUN_ID=<date>)
 #   SEEDS=0 recipes/long_rounds_study.sh                     # one seed first; then, to add seeds:
 #   SEEDS=1,2 GROUP=long-<first RUN_ID> recipes/long_rounds_study.sh
-#   ROWS=ssgd,outer16 recipes/long_rounds_study.sh          # some rows only
+#   ROWS=ssgd,diloco recipes/long_rounds_study.sh            # some rows only
+# recipes/long_rounds_tuned.sh runs S-SGD and the outer round each at its own tuned learning rates.
 #
 # Root shapes the links (network namespaces); without it every run is unshaped and says so.
 # DRY_RUN=1 prints the commands.
@@ -35,9 +33,6 @@ EXPERIMENT=gpt
 # The study's own group: targets and speedups are over its own S-SGD runs;
 # GROUP=<an earlier run's group> adds seeds or rows to it.
 GROUP=${GROUP:-long-$RUN_ID}
-WARMUP="{_target_:torch.optim.lr_scheduler.LinearLR,_partial_:true,start_factor:0.25,total_iters:3}"
-OUTER16="strategy=diloco tau=16 strategy.overlap=1 strategy.compression=int8 strategy.outer_optimizer.lr=1.0"
-OUTER16+=" strategy.outer_optimizer.momentum=0.8 strategy.outer_scheduler=$WARMUP model.lr=3e-3"
 BASE_SWEEPS=(
   "ssgd|strategy=ssgd"
   "hook|strategy=ssgd strategy.comm_hook=bf16"
@@ -48,6 +43,5 @@ COCOD_SWEEPS=(
   "overlap|strategy=diloco tau=8 strategy.overlap=1 strategy.compression=int8"
   "cocod|strategy=cocod"
   "progress|strategy=cocod strategy.compression=int8 strategy.progress=2.0 tau=1"
-  "outer16|$OUTER16"
 )
 shaped_study "$@"

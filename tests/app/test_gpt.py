@@ -157,16 +157,7 @@ def test_the_long_rounds_recipe_runs_its_rows_on_slow_links_and_adds_seeds_to_a_
         ("diloco", 8, 1, nesterov, "int8", None),
         ("cocod", "auto", None, None, None, 1.0),
         ("cocod", 1, None, None, "int8", 2.0),
-        ("diloco", 16, 1, (1.0, 0.8, True), "int8", None),
     ]
-    tuned = jobs[-1]  # its outer lr warms up over 4 rounds; its inner lr is its own
-    assert tuned.model.lr == 3e-3 and {j.model.lr for j in jobs[:-1]} == {2e-3}
-    schedule = tuned.strategy.outer_scheduler
-    assert (schedule._target_, schedule.start_factor, schedule.total_iters) == (
-        "torch.optim.lr_scheduler.LinearLR",
-        0.25,
-        3,
-    )
     # 4 workers behind 25 Mbit/s each, judged by the validation loss, one group.
     assert {(c.launcher.rate, c.launcher.topology, c.launcher.devices, c.judged_by) for c in jobs} == {
         ("25mbit", "pernode", 4, "loss")
@@ -182,9 +173,6 @@ def test_the_long_rounds_recipe_runs_its_rows_on_slow_links_and_adds_seeds_to_a_
     )
     assert {c.group for c in jobs} == {"long-mini"} and report[2] == "long-mini"
     assert {c.run_id.split("-")[0] for c in jobs} == {"more"}
-    # ROWS picks rows by name, in the recipe's order.
-    jobs, _ = recipe_jobs("long_rounds_study.sh", tmp_path, {**env, "RUN_ID": "rows", "ROWS": "outer16,ssgd"})
-    assert [c.run_id for c in jobs] == ["rows-w4-ssgd", "rows-w4-outer16"]
 
 
 @pytest.mark.slow
