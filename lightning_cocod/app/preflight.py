@@ -10,6 +10,7 @@ Hydra's basic sweeper would make the sweep folder and compose each job twice bef
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -58,6 +59,21 @@ def job_part(cfg: DictConfig) -> DictConfig:
     with read_write(job), open_dict(job):
         job.pop("hydra", None)
     return job
+
+
+# A job's folder is named by its overrides (hydra.sweep.subdir); a file name holds 255 bytes, and a
+# sweep of a dozen overrides (a tuned outer round) went past it and failed at its first file.
+_DIRNAME_BYTES = 200
+
+
+def fitting_dirname(name: str) -> str:
+    """``name`` if a folder can be named so; else its first bytes and a digest of the whole, the
+    same on every rank and apart for different overrides (the run's resolved.yaml has them all)."""
+    raw = name.encode()
+    if len(raw) <= _DIRNAME_BYTES:
+        return name
+    digest = hashlib.sha1(raw).hexdigest()[:12]
+    return raw[: _DIRNAME_BYTES - 13].decode(errors="ignore") + "-" + digest
 
 
 def job_overrides(overrides: Sequence[str], config_loader: Any = None) -> list[list[str]]:
@@ -209,6 +225,7 @@ class Sweeper(HydraSweeper):
             log.info("#%d : %s", num, job)
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = num
+                cfg.hydra.job.override_dirname = fitting_dirname(cfg.hydra.job.override_dirname)
                 cfg.run_id = cfg.launcher.run_id = self.config.run_id  # as claimed: a clock reads once
             dirs = {"job_dir_key": "hydra.sweep.dir", "job_subdir_key": "hydra.sweep.subdir"}
             results.append(run_job(hydra_context=self.context, task_function=self.task, config=cfg, **dirs))

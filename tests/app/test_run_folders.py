@@ -319,3 +319,28 @@ def test_a_fifo_in_place_of_a_claim_is_named_not_read_for_ever(tmp_path):
         claim(tmp_path / "run", continuing=False, key="run_id")
     with pytest.raises(ConfigError, match=rf"{CLAIM} is not a regular file; accepted: another run_id"):
         claim(tmp_path / "run", continuing=True, key="run_id")
+
+
+def test_a_sweep_of_many_overrides_gets_job_folders_a_file_system_can_name(tmp_path):
+    """A tuned outer round's dozen overrides named its job folder past 255 bytes, and the run
+    failed at its first file: the name is cut, kept apart from its neighbours by a digest."""
+    from lightning_cocod.app.preflight import fitting_dirname
+
+    warmup = "{_target_:torch.optim.lr_scheduler.LinearLR,_partial_:true,start_factor:0.25,total_iters:3}"
+    long_overrides = [
+        "strategy=diloco", "tau=2", "strategy.overlap=1", "strategy.compression=int8",
+        "strategy.outer_optimizer.lr=1.0", "strategy.outer_optimizer.momentum=0.8",
+        f"strategy.outer_scheduler={warmup}", "strategy.error_feedback=true", "seed=0,1",
+    ]  # fmt: skip
+    common = ["-m", "experiment=smoke", *TINY, "logger=none", f"out_root={tmp_path}", "run_id=long"]
+    done = run_app(tmp_path, *common, *long_overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folders = sorted(p for p in (tmp_path / "smoke" / "long").iterdir() if p.is_dir())
+    assert len(folders) == 2 and all(len(p.name.encode()) <= 255 for p in folders)
+    assert all((p / "run.json").is_file() for p in folders)
+    seeds = {json.loads((p / "run.json").read_text())["seed"] for p in folders}
+    assert seeds == {0, 1}
+    # Short names stay as Hydra makes them; long ones differ wherever their overrides do.
+    assert fitting_dirname("seed=0,tau=2") == "seed=0,tau=2"
+    a, b = fitting_dirname("x" * 300 + "a"), fitting_dirname("x" * 300 + "b")
+    assert a != b and len(a) == len(b) == 200
