@@ -175,6 +175,31 @@ def test_the_long_rounds_recipe_runs_its_rows_on_slow_links_and_adds_seeds_to_a_
     assert {c.run_id.split("-")[0] for c in jobs} == {"more"}
 
 
+@pytest.mark.timeout(300)
+def test_the_tuned_long_rounds_recipe_runs_each_method_at_its_own_learning_rates(tmp_path):
+    env = {"OUT_ROOT": str(tmp_path / "out"), "RUN_ID": "t", "SEEDS": "0"}
+    jobs, report = recipe_jobs("long_rounds_tuned.sh", tmp_path, env)
+    ssgd, outer = jobs
+    assert method_of(ssgd.strategy) == "ssgd" and ssgd.model.lr == 3e-3 and ssgd.max_epochs == 4
+    s = outer.strategy
+    assert (method_of(s), s.tau, s.overlap, s.compression) == ("diloco", 16, 1, "int8")
+    assert (s.outer_optimizer.lr, s.outer_optimizer.momentum, s.outer_optimizer.nesterov) == (1.0, 0.8, True)
+    schedule = s.outer_scheduler
+    assert (schedule._target_, schedule.start_factor, schedule.total_iters) == (
+        "torch.optim.lr_scheduler.LinearLR",
+        0.25,
+        3,
+    )
+    assert outer.model.lr == 4e-3 and outer.max_epochs == 6
+    assert {(c.launcher.rate, c.launcher.devices, c.group) for c in jobs} == {("25mbit", 4, "tuned-t")}
+    # Checkpoints by the clock, the same for both (per epoch would charge the faster one more).
+    assert {(c.checkpoint.every_n_epochs, c.checkpoint.every_n_minutes) for c in jobs} == {(0, 5)}
+    assert report[2] == "tuned-t"
+    # ROWS runs the rows named, in the recipe's order.
+    jobs, _ = recipe_jobs("long_rounds_tuned.sh", tmp_path, {**env, "RUN_ID": "r", "ROWS": "outer16"})
+    assert [c.run_id for c in jobs] == ["r-w4-outer16"]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
