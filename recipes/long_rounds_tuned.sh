@@ -21,6 +21,8 @@
 #   sudo recipes/long_rounds_tuned.sh [extra overrides...]   (OUT_ROOT=outputs, RUN_ID=<date>)
 #   SEEDS=1,2 GROUP=tuned-<first RUN_ID> recipes/long_rounds_tuned.sh   # seeds added to a group
 #   ROWS=ssgd,outer16 recipes/long_rounds_tuned.sh           # some rows only
+#   WORKERS=8 RATE=10mbit recipes/long_rounds_tuned.sh       # the 8-worker rows: at 25 Mbit/s
+#     S-SGD's step is under 3x the compute of 8 workers on 2 cores; at 10 Mbit/s about 5.5x
 #
 # Root shapes the links (network namespaces); without it every run is unshaped and says so.
 # DRY_RUN=1 prints the commands.

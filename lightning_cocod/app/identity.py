@@ -6,6 +6,10 @@ resolved config with the method, its options and the run's names and paths taken
 was measured on the worker rather than asked for: the link as it really was (a rate asked for
 without root runs unshaped), threads, device, precision, torch version. Two runs compare when
 their conditions are equal; ``condition_id`` is a short digest to group by.
+
+A tuned study gives each method its own learning rate and length of run: settings that change
+what a run reaches but not how fast it steps (RECIPE). ``speed_key`` is the condition without
+them, so that a method at its tuned settings is still measured against S-SGD at S-SGD's.
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ NOT_CONDITION: dict[str | None, tuple[str, ...]] = {
     "launcher": ("run_id", "timeout_s", "rate", "threads_per_worker"),  # measured instead
     "data": ("root", "download", "seed"),
     "trainer": ("enable_progress_bar", "enable_model_summary"),
+}
+
+
+# What a study tunes per method: the learning rate and its schedule, the length of the run. They
+# set no step time, so runs that differ only here are timed against one another (``speed_key``).
+RECIPE: dict[str | None, tuple[str, ...]] = {
+    None: ("max_epochs", "max_steps"),
+    "trainer": ("max_epochs", "max_steps"),
+    "model": ("lr", "weight_decay", "warmup_epochs", "max_epochs"),
 }
 
 
@@ -212,16 +225,29 @@ def measured(trainer: Any, rate: str | None, topology: str = "loopback") -> dict
     }
 
 
-def condition(config: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (the resolved config as plain containers) less NOT_CONDITION, plus ``facts``."""
+def _without(config: dict[str, Any], dropped: dict[str | None, tuple[str, ...]]) -> dict[str, Any]:
     kept = copy.deepcopy(config)
-    for section, keys in NOT_CONDITION.items():
+    for section, keys in dropped.items():
         node = kept if section is None else kept.get(section)
         for key in keys if isinstance(node, dict) else ():
             node.pop(key, None)
-    return {"config": kept, "measured": dict(facts)}
+    return kept
+
+
+def condition(config: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (the resolved config as plain containers) less NOT_CONDITION, plus ``facts``."""
+    return {"config": _without(config, NOT_CONDITION), "measured": dict(facts)}
 
 
 def condition_id(cond: dict[str, Any]) -> str:
     text = json.dumps(cond, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def speed_key(record: dict[str, Any]) -> str | None:
+    """The digest of ``record``'s condition less RECIPE: equal for runs that step at the same speed
+    whatever their learning rate or length. A record that kept only its condition_id has that."""
+    cond = record.get("condition")
+    if not isinstance(cond, dict) or not isinstance(cond.get("config"), dict):
+        return record.get("condition_id")
+    return condition_id({**cond, "config": _without(cond["config"], RECIPE)})

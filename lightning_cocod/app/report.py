@@ -17,6 +17,7 @@ import itertools
 import statistics
 import sys
 import tempfile
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from lightning_cocod.app.speedup import (
     median_time,
     speedup,
     ssgd_final,
+    ssgd_settings,
     time_to,
 )
 from lightning_cocod.methods import METHODS, label
@@ -144,6 +146,7 @@ def summarise(runs: list[Record]) -> list[Row]:
             **_stats("final", [final_value(m) for m in members], scale),
             # Time to accuracy: S-SGD's final figure made worse by the goal's margin, and S-SGD's own.
             "level": level,
+            "level_cid": ssgd_settings(members[0], runs),
             "goal_target": target,
             "tta": median_time(reached),
             "tta_reached": sum(t is not None for t in reached),
@@ -152,12 +155,13 @@ def summarise(runs: list[Record]) -> list[Row]:
             "settled": sorted({m["tau_history"][-1][1] for m in members if m.get("tau_history")}),
         }
         rows.append(row)
-    # Speedup to target: plain S-SGD's median time to target over the row's, same condition and goal.
+    # Speedup to target: plain S-SGD's median time to target over the row's, same condition and
+    # goal, at the S-SGD settings that set the target.
     ssgd_tta = {
         (r["cid"], r["goal"]): r["tta"] for r in rows if r["method"] == "ssgd" and r["label"] == label("ssgd")
     }
     for r in rows:
-        base = ssgd_tta.get((r["cid"], r["goal"]))
+        base = ssgd_tta.get((r["level_cid"], r["goal"]))
         r["tta_speedup"] = base / r["tta"] if base and r["tta"] else None
 
     def order(r: Row) -> tuple:
@@ -236,11 +240,13 @@ def markdown(group: str, runs: list[Record], rows: list[Row], plots: list[str]) 
         "",
         "Mean ± sample std over seeds (n runs). Test accuracy: the test split. Steady step time: mean "
         "over whole rounds after the warm-up, rank 0. Speedup: S-SGD's steady step time at the same "
-        "condition and seed over the run's; a run without such an S-SGD run has none."
+        "condition and seed over the run's (learning rate and length of run may differ: they set no "
+        "step time); a run without such an S-SGD run has none."
         + (
             " Time to target: the target is S-SGD's final "
             + " and ".join(_TARGET_RULE[g] for g in goals)
-            + " (mean over its seeds, same condition); a run's time to it is the wall time from its first "
+            + " (mean over its seeds, same condition; where the group ran S-SGD at several learning rates "
+            "or lengths, its best); a run's time to it is the wall time from its first "
             "step to its first validation at or past it: the median over seeds, a seed that never reached "
             "it counting as never (how many did, in brackets); speedup to target: S-SGD's median over "
             "the row's."
@@ -315,7 +321,8 @@ def plot(rows: list[Row], x: str, y: str, path: Path) -> bool:
         for name, points in lines.items():
             at, mean, *std = zip(*sorted(points, key=lambda p: p[0]))  # a timeline's points carry no std
             bars = {"yerr": std[0], "marker": "o"} if std else {"marker": "."}
-            ax.errorbar(at, mean, capsize=3, label=name, **bars)
+            # A tuned row's name runs long: wrapped, its legend stays inside the panel.
+            ax.errorbar(at, mean, capsize=3, label=textwrap.fill(name, 60), **bars)
         for level, name in [
             *levels,
             *((t, "target (S-SGD's final, within the margin)") for t in sorted(targets[title])),

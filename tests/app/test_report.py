@@ -690,3 +690,61 @@ def test_a_report_that_fails_half_way_leaves_the_last_one_whole_and_costs_only_i
     ]
     assert {p.name: p.read_bytes() for p in (tmp_path / "rep").iterdir() if p.name.startswith("g")} == before
     assert (tmp_path / "rep" / "h.md").read_text().startswith(f"# h: {len(RUNS)} run(s)")
+
+
+def test_each_method_at_its_tuned_settings_is_measured_against_ssgd_at_its_best():
+    """A tuned study: S-SGD at two learning rates, a local method at a third and for more epochs,
+    one group, one link. Learning rate and length set no step time, so the local method's speedup
+    is over S-SGD of its seed, and its target is S-SGD's at the better learning rate; a run over
+    another link still has no S-SGD."""
+
+    def tuned(method, seed, step, lr, epochs, points, link="25mbit", finished=0.0):
+        config = {"data": {"batch_size": 32}, "model": {"lr": lr}, "max_epochs": epochs}
+        cond = {"config": config, "measured": {"link": link, "threads": 1}}
+        timeline = [
+            {"seconds": s, "epoch": i, "step": 10 * i, "accuracy": 0.4, "loss": loss}
+            for i, (s, loss) in enumerate(points)
+        ]
+        record = run(method, seed, step, 0.4, tau=None if method == "ssgd" else 16, judged_by="loss")
+        cid = f"{link}-{lr}-{epochs}"
+        return dict(
+            record,
+            id=f"g/{method}-{cid}-{seed}",
+            condition=cond,
+            condition_id=cid,
+            link=link,
+            timeline=timeline,
+            finished_at=finished,
+        )
+
+    # S-SGD at lr 2e-3 ends at 1.40 and 1.42; at 3e-3 at 1.30 and 1.32: the level is 1.31, the
+    # target 1.32, which its seeds reach at 30 s and 36 s (median 33 s).
+    coarse = [
+        tuned("ssgd", s, 2.0, 2e-3, 4, [(10, 2.0), (20, 1.6), (30, f)], finished=1)
+        for s, f in ((0, 1.40), (1, 1.42))
+    ]
+    best = [
+        tuned("ssgd", 0, 2.2, 3e-3, 4, [(10, 2.0), (20, 1.5), (30, 1.30)], finished=2),
+        tuned("ssgd", 1, 2.4, 3e-3, 4, [(12, 2.0), (24, 1.4), (36, 1.32)], finished=2),
+    ]
+    # DiLoCo at lr 4e-3 for 6 epochs: at 1.319 after 8 s and 1.318 after 16 s; 0.5 s a step.
+    outer = [
+        tuned("diloco", 0, 0.5, 4e-3, 6, [(4, 1.5), (8, 1.319), (12, 1.30)]),
+        tuned("diloco", 1, 0.5, 4e-3, 6, [(4, 1.5), (8, 1.4), (16, 1.318)]),
+    ]
+    elsewhere = tuned("diloco", 0, 0.5, 4e-3, 6, [(1, 1.0)], link="10mbit")
+    runs = [*coarse, *best, *outer, elsewhere]
+
+    # The step-time baseline: S-SGD of the same seed, the first to finish (lr 2e-3's, 2.0 s).
+    assert speedup(outer[0], runs) == (pytest.approx(4.0), coarse[0]["id"])
+    assert speedup(best[1], runs) == (pytest.approx(1.0), best[1]["id"])  # its own settings first
+    assert speedup(elsewhere, runs) == (None, None)
+    rows = {(r["label"], r["link"], r["condition"]): r for r in report.summarise(runs)}
+    row = next(r for (name, link, _), r in rows.items() if name.startswith("DiLoCo") and link == "25mbit")
+    assert row["level"] == pytest.approx(1.31) and row["goal_target"] == pytest.approx(1.32)
+    assert row["tta"] == pytest.approx(12.0) and row["tta_speedup"] == pytest.approx(33.0 / 12.0)
+    assert row["speedup"] == pytest.approx(4.0)  # both seeds over lr 2e-3's runs, the first to finish
+    coarse_row = next(r for r in rows.values() if r["method"] == "ssgd" and r["final"] == pytest.approx(1.41))
+    assert coarse_row["level"] == pytest.approx(1.31) and coarse_row["tta"] is None  # it never gets there
+    other = next(r for (name, link, _), r in rows.items() if link == "10mbit")
+    assert other["level"] is None and other["speedup"] is None
