@@ -1,6 +1,7 @@
 """What a user gets from `pip install` of the package, not from a checkout."""
 
 import shutil
+import site
 import subprocess
 import sys
 import tomllib
@@ -63,6 +64,11 @@ def test_an_installed_package_trains_from_an_empty_folder(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
     )
+    # --system-site-packages reaches only the base interpreter's packages; when the tests run in a
+    # venv themselves (CI), its packages come in as plain path entries. Plain entries, not
+    # site.addsitedir: that would run the checkout's editable-install hook and import it instead.
+    (venv_site,) = venv.glob("lib/python*/site-packages")
+    (venv_site / "test_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     (wheel,) = tmp_path.glob("lightning_cocod-*.whl")
     subprocess.run(
         [venv / "bin" / "pip", "install", "-q", "--no-deps", wheel],
