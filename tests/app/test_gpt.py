@@ -209,20 +209,6 @@ def test_the_tuned_long_rounds_recipe_runs_each_method_at_its_own_learning_rates
     # There the outer round is timed to S-SGD's 6-epoch loss over 8 epochs of its own.
     assert (ssgd.max_epochs, outer.max_epochs) == (6, 8)
     assert {(c.launcher.rate, c.launcher.devices) for c in jobs} == {("10mbit", 8)}
-    # Settings per worker count: a list of counts would give one count's rows to the other.
-    for counts in ("4,8", "4 8"):
-        done = subprocess.run(
-            ["bash", str(Path(__file__).resolve().parents[2] / "recipes" / "long_rounds_tuned.sh")],
-            env={**os.environ, **env, "DRY_RUN": "1", "WORKERS": counts},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
-        assert done.returncode == 2 and done.stdout == ""
-        assert (
-            done.stderr.count("\n") == 1 and "WORKERS=" in done.stderr and "one worker count" in done.stderr
-        )
 
 
 @pytest.mark.slow

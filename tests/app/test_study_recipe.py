@@ -210,6 +210,17 @@ def test_the_recipes_run_their_commands_for_real_without_dry_run(tmp_path):
     assert "launcher.devices=4,8 " in ran  # one Hydra sweep over both counts
 
 
+def test_the_tuned_long_rounds_recipe_takes_one_worker_count_per_run(tmp_path):
+    """Its rows' settings are per worker count, and shaped_study gives every count the same rows:
+    a list of counts would run one count's settings at the other."""
+    for counts in ("4,8", "4 8"):
+        done, ran = _recipe("long_rounds_tuned.sh", tmp_path, {"WORKERS": counts})
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert ran == "" and done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("long_rounds_tuned.sh: WORKERS=") and "one worker count" in line
+
+
 @pytest.mark.parametrize(
     "recipe, name, value",
     [
